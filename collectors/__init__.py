@@ -1,0 +1,1 @@
+"""Collectors that step policies against tdcollect envs (see the collectors issue)."""

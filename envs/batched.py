@@ -1,0 +1,216 @@
+"""BatchedEnv: the TorchRL ``EnvBase`` face shared by SerialEnv and ParallelEnv.
+
+A subclass owns ``num_envs`` envs and the step buffers (``shared.py``) and implements four hooks:
+``_run_step()``, ``_run_reset(mask)``, ``_run_set_seeds(seeds)``, ``_shutdown()``. Everything else —
+specs, action checks, ``reset`` / ``step`` / ``step_and_maybe_reset`` / ``rollout``, ``close`` — lives here.
+
+Auto-reset: every step resets the envs that ended and leaves their reset observation in the root buffer.
+``step_and_maybe_reset`` returns it directly; after a plain ``step``, a ``reset`` whose ``"_reset"`` mask
+covers those envs returns the same observation without resetting them twice.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
+
+from .rollout import random_rollout, policy_rollout
+from .shared import EnvSpecs
+
+
+class BatchedEnv(EnvBase):
+    """``num_envs`` envs with one set of specs, batch size ``[num_envs]`` (see the module docstring)."""
+
+    def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool = True):
+        super().__init__(batch_size=torch.Size([num_envs]), device=torch.device("cpu"))
+        self.num_envs = num_envs
+        self.full_observation_spec = specs.observation.expand(num_envs)
+        self.full_action_spec = specs.action.expand(num_envs)
+        self.full_reward_spec = specs.reward.expand(num_envs)
+        self.full_done_spec = specs.done.expand(num_envs)
+        self.check_actions = check_actions
+        self._buffers = buffers
+        self._root = buffers.get("root")
+        self._next = buffers.get("next")
+        self._action_slots = [
+            (key, buffers.get(("action", *_as_tuple(key))), self.full_action_spec[key])
+            for key in self.full_action_spec.keys(True, True)
+        ]
+        self._next_done = self._next.get("done").numpy().reshape(num_envs)
+        # envs that ended in the last step and whose reset observation already sits in the root buffer
+        self._pending_reset = np.zeros(num_envs, dtype=bool)
+        self.is_closed = False
+        self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
+
+    # ----------------------------------------------------------------- hooks for subclasses
+    def _run_step(self) -> None:
+        raise NotImplementedError
+
+    def _run_reset(self, mask: np.ndarray | None) -> None:
+        raise NotImplementedError
+
+    def _run_set_seeds(self, seeds: list[int]) -> None:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- EnvBase API
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        self._ensure_open()
+        mask = None
+        if tensordict is not None:
+            reset = tensordict.get("_reset", None)
+            if reset is not None:
+                mask = reset.reshape(self.num_envs).cpu().numpy().astype(bool)
+        if mask is None:
+            self._run_reset(None)
+            self._pending_reset[:] = False
+        else:
+            to_reset = mask & ~self._pending_reset
+            if to_reset.any():
+                self._run_reset(to_reset)
+            self._pending_reset[mask] = False
+        return self._root.clone()
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self.step_in_place(tensordict)
+        self._pending_reset[:] = self._next_done
+        return self._next.clone()
+
+    def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
+        """Step, then reset the envs that ended (TorchRL semantics).
+
+        Returns ``(tensordict, next_root)``: ``tensordict`` with a ``"next"`` entry (observation, reward,
+        done flags: the terminal observation where an env ended) and the root for the next action (the
+        reset observation where an env ended, with the input's other keys carried over).
+        """
+        self.step_in_place(tensordict)
+        self._pending_reset[:] = False
+        tensordict.set("next", self._next.clone())
+        next_root = tensordict.exclude("next", *self.action_keys, *self.reward_keys)
+        next_root.update(self._root.clone())
+        return tensordict, next_root
+
+    def step_in_place(self, tensordict: TensorDictBase) -> None:
+        """The lean step: copy the actions in, step every env, leave the results in the buffers."""
+        self._ensure_open()
+        self.write_actions(tensordict)
+        self._run_step()
+
+    def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
+        """Copy the action entries of ``tensordict`` into the action buffer, after checking them.
+
+        Raises ``ValueError`` naming the key and the expected shape/dtype when an action does not fit.
+        """
+        check = self.check_actions if check is None else check
+        for key, buffer, spec in self._action_slots:
+            value = tensordict.get(key, None)
+            if value is None:
+                raise KeyError(
+                    f"the input tensordict has no {key!r} entry; {type(self).__name__} expects one of "
+                    f"shape {tuple(buffer.shape)} and dtype {buffer.dtype}."
+                )
+            if value.shape != buffer.shape or value.dtype != buffer.dtype:
+                raise ValueError(
+                    f"{key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, but "
+                    f"{type(self).__name__} expects shape {tuple(buffer.shape)} ({self.num_envs} envs x "
+                    f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: "
+                    f"{type(spec).__name__}."
+                )
+            if check and not spec.is_in(value):
+                raise ValueError(
+                    f"{key!r} holds values outside its spec ({_bounds(spec)}); nothing was sent to the envs."
+                )
+        for key, buffer, _ in self._action_slots:
+            buffer.copy_(tensordict.get(key))
+
+    def _set_seed(self, seed: int | None) -> None:
+        """Env ``i`` is seeded with ``seed + i`` at its next reset."""
+        self._ensure_open()
+        if seed is not None:
+            self._run_set_seeds([int(seed) + i for i in range(self.num_envs)])
+
+    def rollout(self, max_steps: int, policy=None, callback=None, *, auto_reset: bool = True,
+                break_when_any_done: bool | None = None, break_when_all_done: bool | None = None,
+                tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
+        """Like ``EnvBase.rollout``: a TensorDict of batch ``[num_envs, steps]`` (time last).
+
+        Without a callback and the rarer options (``out``, ``set_truncated``, ``actions``) it takes a lean
+        path: random actions are drawn from ``action_spec`` all at once and every step is copied into
+        preallocated storage; with a policy, one policy call and one ``step_and_maybe_reset`` per step.
+        """
+        rare = {k: v for k, v in kwargs.items() if v not in (None, False)}
+        rare.pop("return_contiguous", None)
+        rare.pop("trust_policy", None)
+        storing_device = rare.pop("storing_device", None)
+        if callback is not None or break_when_all_done or rare:
+            return super().rollout(
+                max_steps, policy, callback, auto_reset=auto_reset, break_when_any_done=break_when_any_done,
+                break_when_all_done=break_when_all_done, tensordict=tensordict, storing_device=storing_device,
+                **kwargs,
+            )
+        self._ensure_open()
+        break_when_any_done = True if break_when_any_done is None else break_when_any_done
+        root = self.reset() if auto_reset else tensordict
+        if root is None:
+            raise ValueError("rollout(auto_reset=False) needs the initial state as `tensordict`.")
+        if policy is None:
+            out = random_rollout(self, root, max_steps, break_when_any_done)
+        else:
+            out = policy_rollout(self, root, policy, max_steps, break_when_any_done)
+        return out if storing_device is None else out.to(storing_device)
+
+    # ----------------------------------------------------------------- closing
+    def close(self, *, raise_if_closed: bool = False) -> None:
+        """Stop everything this env started; idempotent."""
+        if self.__dict__.get("is_closed", True):
+            return
+        self.is_closed = True
+        self._shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @staticmethod
+    def _finalize(ref) -> None:
+        env = ref()
+        if env is not None:
+            env.close()
+
+    def _ensure_open(self) -> None:
+        if self.is_closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed; create a new one.")
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing useful can be done at garbage collection
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_envs={self.num_envs}, closed={self.is_closed}, "
+            f"observation keys={list(self.full_observation_spec.keys(True, True))})"
+        )
+
+
+def _as_tuple(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _bounds(spec) -> str:
+    space = getattr(spec, "space", None)
+    n = getattr(space, "n", None)
+    if n is not None:
+        return f"integers in [0, {n - 1}]"
+    low, high = getattr(space, "low", None), getattr(space, "high", None)
+    if low is not None:
+        return f"values in [{low.min().item():g}, {high.max().item():g}]"
+    return type(spec).__name__

@@ -1,0 +1,76 @@
+"""The errors a batched env raises in the main process, each naming the worker and the cause."""
+from __future__ import annotations
+
+import signal
+
+
+class WorkerError(RuntimeError):
+    """Something went wrong in worker ``worker`` (an index in ``range(num_workers)``)."""
+
+    def __init__(self, message: str, worker: int):
+        super().__init__(message)
+        self.worker = worker
+
+
+class EnvWorkerError(WorkerError):
+    """An exception raised inside a worker (by an env's constructor, reset, step, ...).
+
+    Attributes: ``worker``, ``exc_type`` (the original exception's type name), ``exc_message``,
+    ``worker_traceback`` (the traceback as formatted in the worker).
+    """
+
+    def __init__(self, worker: int, exc_type: str, exc_message: str, worker_traceback: str, during: str):
+        super().__init__(
+            f"worker {worker} raised {exc_type} during {during}: {exc_message}\n"
+            f"--- traceback in worker {worker} ---\n{worker_traceback.rstrip()}",
+            worker,
+        )
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.worker_traceback = worker_traceback
+
+
+class WorkerDiedError(WorkerError):
+    """A worker process ended without being asked to (killed, crashed, exited)."""
+
+    def __init__(self, worker: int, pid: int, exitcode: int | None, during: str):
+        super().__init__(
+            f"worker {worker} (pid {pid}) died during {during} with {describe_exit(exitcode)}; "
+            "the env's other workers were shut down.",
+            worker,
+        )
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A worker did not answer within the env's ``timeout``."""
+
+    def __init__(self, worker: int, timeout: float, during: str):
+        super().__init__(
+            f"worker {worker} did not finish {during} within {timeout:g} s (the env's `timeout`); "
+            "the env was shut down. Raise `timeout=` if its steps are legitimately this slow.",
+            worker,
+        )
+        self.timeout = timeout
+
+
+class MissingMainGuardError(RuntimeError):
+    """Workers started with spawn/forkserver re-ran the script's top level, which creates the env again."""
+
+
+class SpecMismatchError(ValueError):
+    """Envs built by the factories disagree on their specs."""
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``exit code 3`` / ``exit code -9 (killed by SIGKILL)``."""
+    if exitcode is None:
+        return "no exit code (still running)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"exit code {exitcode} (killed by {name})"
+    return f"exit code {exitcode}"

@@ -1,0 +1,93 @@
+"""Checking env constructors in the main process, and sending them to workers with cloudpickle."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import cloudpickle
+import gymnasium as gym
+from torchrl.envs import EnvBase
+
+_NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot")
+
+
+def resolve_factories(
+    create_env_fn: Callable | Sequence[Callable],
+    count: int,
+    create_env_kwargs: dict | Sequence[dict] | None,
+    owner: str,
+    count_name: str,
+) -> list[Callable[[], Any]]:
+    """Check the constructors and return ``count`` zero-argument callables, one per slot.
+
+    ``create_env_fn``: one callable for all slots or a list of ``count`` callables.
+    ``create_env_kwargs``: one dict for all slots or a list of ``count`` dicts.
+    Raises ``TypeError`` / ``ValueError`` (in the calling process, before anything starts).
+    """
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"{owner} needs {count_name} >= 1 (an int), got {count!r}.")
+    fns = _per_slot(create_env_fn, count, owner, count_name, "create_env_fn")
+    kwargs = _per_slot(create_env_kwargs or {}, count, owner, count_name, "create_env_kwargs")
+    for fn in fns:
+        check_factory(fn, owner)
+    for kw in kwargs:
+        if not isinstance(kw, dict):
+            raise TypeError(f"{owner}: create_env_kwargs must be a dict or a list of dicts, got {kw!r}.")
+    return [functools.partial(fn, **kw) if kw else fn for fn, kw in zip(fns, kwargs)]
+
+
+def _per_slot(value, count, owner, count_name, arg_name):
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise ValueError(
+                f"{owner}: {arg_name} is a list of {len(value)} items but {count_name} is {count}; "
+                "give one item per slot or a single one for all."
+            )
+        return list(value)
+    return [value] * count
+
+
+def check_factory(fn: Any, owner: str = "ParallelEnv") -> None:
+    """Raise ``TypeError`` unless ``fn`` is a constructor (and not an env instance)."""
+    if _is_env_instance(fn):
+        name = type(fn).__name__
+        raise TypeError(
+            f"{owner} takes a function that builds an env, not an env instance (got a {name} object). "
+            "An instance lives in this process and often cannot be copied to another one; pass a "
+            f"constructor and the env is built where it runs, e.g. {owner}(4, lambda: {name}(...)) "
+            f"or {owner}(4, functools.partial({name}, ...))."
+        )
+    if not callable(fn):
+        raise TypeError(
+            f"{owner} takes a callable that builds an env, got {type(fn).__name__} {fn!r}; "
+            f"e.g. {owner}(4, lambda: gymnasium.make('CartPole-v1'))."
+        )
+
+
+def _is_env_instance(obj: Any) -> bool:
+    if isinstance(obj, type):
+        return False
+    if isinstance(obj, (gym.Env, EnvBase)):
+        return True
+    module = type(obj).__module__ or ""
+    if module.split(".")[0] in _NATIVE_ENV_MODULES:
+        return True
+    return hasattr(obj, "step") and hasattr(obj, "reset")
+
+
+class PickledFactory:
+    """A zero-argument constructor serialized with cloudpickle, so lambdas and closures defined in a
+    notebook or in ``__main__`` reach workers under every start method."""
+
+    def __init__(self, fn: Callable[[], Any], owner: str, slot: str):
+        try:
+            self.payload = cloudpickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
+            raise TypeError(
+                f"{owner}: the constructor for {slot} cannot be sent to a worker process "
+                f"({type(exc).__name__}: {exc}). A constructor must not capture live env or engine "
+                "objects; create them inside the function instead."
+            ) from exc
+
+    def __call__(self):
+        return cloudpickle.loads(self.payload)()

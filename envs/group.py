@@ -1,0 +1,76 @@
+"""EnvGroup: k envs in one process stepping into a ``[k]`` slice of the buffers.
+
+This is what :class:`~envs.SerialEnv` runs in the main process and what every
+:class:`~envs.ParallelEnv` worker runs in its own process, so both produce the same data.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from tensordict import TensorDictBase
+
+from .adapters import make_stepper
+from .errors import SpecMismatchError
+from .shared import BufferViews, EnvSpecs
+from .specs import spec_differences
+
+
+class EnvGroup:
+    """Builds one env per factory (here, in this process) and steps them one after the other.
+
+    ``first_index`` is the global index of the group's first env (used in error messages).
+    """
+
+    def __init__(self, factories: Sequence[Callable[[], Any]], owner: str, first_index: int = 0):
+        self.steppers = []
+        try:
+            for fn in factories:
+                self.steppers.append(make_stepper(fn(), owner))
+            self.specs: EnvSpecs = self.steppers[0].specs
+            reference = self.specs.as_composite()
+            for offset, stepper in enumerate(self.steppers[1:], start=1):
+                diffs = spec_differences(reference, stepper.specs.as_composite())
+                if diffs:
+                    raise SpecMismatchError(
+                        f"env {first_index + offset} has other specs than env {first_index}: "
+                        + "; ".join(diffs)
+                        + ". All envs of one batched env must share their specs."
+                    )
+        except BaseException:
+            self.close()
+            raise
+        self._seeds: list[int | None] = [None] * len(self.steppers)
+
+    def __len__(self) -> int:
+        return len(self.steppers)
+
+    def bind(self, buffers: TensorDictBase) -> None:
+        """Point every stepper at its row of ``buffers`` (batch ``[len(self)]``, see ``shared.py``)."""
+        views = BufferViews(buffers)
+        for i, stepper in enumerate(self.steppers):
+            stepper.bind(views, i)
+
+    def set_seeds(self, seeds: Sequence[int]) -> None:
+        """Seeds used by each env's next reset (then forgotten: later resets continue its RNG)."""
+        self._seeds = list(seeds)
+
+    def reset(self, mask: np.ndarray | None = None) -> None:
+        """Reset every env (``mask is None``) or those where ``mask`` (bool ``[k]``) is True."""
+        for i, stepper in enumerate(self.steppers):
+            if mask is None or mask[i]:
+                stepper.reset(self._seeds[i])
+                self._seeds[i] = None
+
+    def step(self) -> None:
+        """Step every env with its row of the action buffer (auto-resetting the ones that end)."""
+        for stepper in self.steppers:
+            stepper.step()
+
+    def close(self) -> None:
+        for stepper in self.steppers:
+            try:
+                stepper.close()
+            except Exception:  # noqa: BLE001 - closing must go on for the other envs
+                pass
+        self.steppers = []

@@ -1,0 +1,48 @@
+"""SerialEnv: ``num_envs`` envs stepped one after the other in this process, as one batched TorchRL env."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .batched import BatchedEnv
+from .factories import resolve_factories
+from .group import EnvGroup
+from .shared import allocate_buffers
+
+
+class SerialEnv(BatchedEnv):
+    """``num_envs`` envs in the calling process, batch size ``[num_envs]``.
+
+    Args:
+        num_envs: how many envs.
+        create_env_fn: a constructor (or a list of ``num_envs`` constructors) returning a ``gymnasium.Env``
+            or an unbatched TorchRL ``EnvBase``.
+        create_env_kwargs: keyword arguments for the constructor(s): a dict or a list of dicts.
+
+    Its data equals a :class:`~envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        create_env_fn: Callable | Sequence[Callable],
+        create_env_kwargs: dict | Sequence[dict] | None = None,
+    ):
+        factories = resolve_factories(create_env_fn, num_envs, create_env_kwargs, "SerialEnv", "num_envs")
+        self._group = EnvGroup(factories, owner="SerialEnv")
+        buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
+        self._group.bind(buffers)
+        super().__init__(self._group.specs, num_envs, buffers)
+
+    def _run_step(self) -> None:
+        self._group.step()
+
+    def _run_reset(self, mask: np.ndarray | None) -> None:
+        self._group.reset(mask)
+
+    def _run_set_seeds(self, seeds: list[int]) -> None:
+        self._group.set_seeds(seeds)
+
+    def _shutdown(self) -> None:
+        self._group.close()

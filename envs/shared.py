@@ -1,0 +1,81 @@
+"""The step buffers: one TensorDict per batched env, allocated once, optionally in shared memory.
+
+Layout (batch size ``[num_envs]``; every leaf's first dimension is the env index)::
+
+    buffers["root"]    observation keys + "done"/"terminated"/"truncated"  -- the state an action is taken in
+                       (after a step: the next observation, or the reset observation where the env was done)
+    buffers["next"]    observation keys + "reward" + done keys               -- what the last step returned
+    buffers["action"]  action keys (``"action"``, possibly nested)           -- written by the main process
+
+A worker binds to its slice ``buffers[start:stop]``; all views share storage with the main process' tensors,
+so nothing is pickled per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Composite
+
+
+@dataclass
+class EnvSpecs:
+    """The unbatched full specs of one env (all ``Composite``)."""
+
+    observation: Composite
+    action: Composite
+    reward: Composite
+    done: Composite
+
+    def root_spec(self) -> Composite:
+        return Composite(**_entries(self.observation), **_entries(self.done), shape=())
+
+    def next_spec(self) -> Composite:
+        return Composite(
+            **_entries(self.observation), **_entries(self.reward), **_entries(self.done), shape=()
+        )
+
+    def buffer_spec(self) -> Composite:
+        return Composite(
+            root=self.root_spec(), next=self.next_spec(), action=self.action.clone(), shape=()
+        )
+
+    def as_composite(self) -> Composite:
+        """All four specs in one Composite (used to compare the specs of two envs)."""
+        return Composite(
+            observation=self.observation,
+            action=self.action,
+            reward=self.reward,
+            done=self.done,
+            shape=(),
+        )
+
+
+def _entries(spec: Composite) -> dict:
+    return {key: spec[key].clone() for key in spec.keys()}
+
+
+def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict:
+    """Zero-filled buffers of batch ``[num_envs]``; in shared memory when ``shared``."""
+    buffers = specs.buffer_spec().expand(num_envs).zero()
+    return buffers.share_memory_() if shared else buffers
+
+
+class BufferViews:
+    """Views over a ``[k]`` slice of the buffers, as TensorDicts and as numpy arrays (same memory)."""
+
+    def __init__(self, buffers: TensorDictBase):
+        self.root = buffers.get("root")
+        self.next = buffers.get("next")
+        self.action = buffers.get("action")
+        self.root_np = numpy_tree(self.root)
+        self.next_np = numpy_tree(self.next)
+        self.action_np = numpy_tree(self.action)
+
+
+def numpy_tree(td: TensorDictBase) -> dict:
+    """A nested dict of numpy arrays that share memory with the TensorDict's CPU leaves."""
+    tree = {}
+    for key, value in td.items():
+        tree[key] = numpy_tree(value) if isinstance(value, TensorDictBase) else value.numpy()
+    return tree

@@ -1,0 +1,180 @@
+"""The EnvBase behaviour shared by SerialEnv and ParallelEnv."""
+import functools
+
+import gymnasium as gym
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.envs import GymEnv
+from torchrl.envs.utils import check_env_specs
+
+from envs import ParallelEnv, SerialEnv
+from tests.helpers import CountingEnv, RichSpacesEnv, cartpole
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make(kind, n_workers, factory, per_worker=1, **kwargs):
+    if kind == "serial":
+        return SerialEnv(n_workers * per_worker, factory, **kwargs)
+    return ParallelEnv(n_workers, factory, envs_per_worker=per_worker, **kwargs)
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def kind(request):
+    return request.param
+
+
+def test_batch_size_specs_and_check_env_specs(kind, no_leaks):
+    with make(kind, 2, cartpole, per_worker=3) as env:
+        assert env.batch_size == (6,)
+        assert env.observation_spec["observation"].shape == (6, 4)
+        assert env.action_spec.shape == (6,)
+        assert env.reward_spec.shape == (6, 1) and env.reward_spec.dtype == torch.float32
+        for key in ("done", "terminated", "truncated"):
+            assert env.full_done_spec[key].shape == (6, 1) and env.full_done_spec[key].dtype == torch.bool
+        check_env_specs(env, break_when_any_done="both")
+
+
+def test_rollout_shape_and_keys(kind, no_leaks):
+    with make(kind, 2, cartpole, per_worker=2) as env:
+        env.set_seed(0)
+        td = env.rollout(30, break_when_any_done=False)
+        assert td.batch_size == (4, 30)
+        keys = set(td.keys(True, True))
+        for key in ["observation", "action", "done", "terminated", "truncated", ("next", "observation"),
+                    ("next", "reward"), ("next", "done"), ("next", "terminated"), ("next", "truncated")]:
+            assert key in keys
+        assert td["next", "reward"].shape == (4, 30, 1)
+        assert env.observation_spec["observation"].is_in(td["next", "observation"][:, -1])
+
+
+def test_rollout_stops_at_first_done(kind, no_leaks):
+    with make(kind, 2, functools.partial(CountingEnv, episode_len=4)) as env:
+        td = env.rollout(50)
+        assert td.batch_size == (2, 4)
+        assert td["next", "done"][:, -1].all() and not td["next", "done"][:, :-1].any()
+
+
+def test_auto_reset_semantics_of_step_and_maybe_reset(kind, no_leaks):
+    with make(kind, 1, functools.partial(CountingEnv, episode_len=2), per_worker=2) as env:
+        td = env.reset()
+        td["action"] = torch.tensor([1, 2])
+        td, root = env.step_and_maybe_reset(td)
+        assert td["next", "observation"][:, 0].tolist() == [1, 1] and not td["next", "done"].any()
+        assert root["observation"][:, 0].tolist() == [1, 1]
+        root["action"] = torch.tensor([2, 0])
+        td, root = env.step_and_maybe_reset(root)
+        # "next" holds the terminal observation, the returned root the reset one
+        assert td["next", "observation"][:, 0].tolist() == [2, 2]
+        assert td["next", "observation"][:, 1].tolist() == [2, 0]
+        assert td["next", "terminated"].all() and td["next", "done"].all()
+        assert root["observation"][:, 0].tolist() == [0, 0] and not root["done"].any()
+        assert td["next", "reward"].squeeze(-1).tolist() == [2.0, 0.0]
+
+
+def test_step_then_partial_reset_does_not_reset_twice(kind, no_leaks):
+    with make(kind, 2, functools.partial(CountingEnv, episode_len=1), per_worker=1) as env:
+        env.set_seed(5)
+        td = env.reset()
+        assert td["observation"][:, 2].tolist() == [5, 6]
+        td["action"] = torch.tensor([1, 1])
+        out = env.step(td)
+        assert out["next", "done"].all()
+        reset_td = env.reset(TensorDict({"_reset": out["next", "done"].clone()}, [2]))
+        assert reset_td["observation"][:, 0].tolist() == [0, 0]
+        # the reset came from the auto-reset: no seed pending any more, and the envs were reset once
+        full = env.reset()
+        assert full["observation"][:, 2].tolist() == [-1, -1]
+
+
+def test_set_seed_gives_env_i_seed_plus_i(kind, no_leaks):
+    with make(kind, 2, CountingEnv, per_worker=2) as env:
+        env.set_seed(10)
+        assert env.reset()["observation"][:, 2].tolist() == [10, 11, 12, 13]
+
+
+def test_same_seed_same_data(kind, no_leaks):
+    runs = []
+    for _ in range(2):
+        with make(kind, 2, cartpole, per_worker=2) as env:
+            env.set_seed(3)
+            torch.manual_seed(0)
+            runs.append(env.rollout(40, break_when_any_done=False))
+    assert torch.equal(runs[0]["next", "observation"], runs[1]["next", "observation"])
+
+
+def test_parallel_equals_serial_bit_for_bit(no_leaks):
+    with ParallelEnv(2, cartpole, envs_per_worker=2) as par, SerialEnv(4, cartpole) as ser:
+        out = []
+        for env in (par, ser):
+            env.set_seed(7)
+            torch.manual_seed(123)
+            out.append(env.rollout(120, break_when_any_done=False))
+        assert (out[0] == out[1]).all()
+        assert out[0]["next", "done"].any(), "the rollout should cross episode ends"
+
+
+def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
+    def policy(td):
+        return td.set("action", (td["observation"][:, 2] > 0).long())
+
+    with make(kind, 2, cartpole, per_worker=2) as env:
+        td = env.rollout(25, policy, break_when_any_done=False)
+        assert td.batch_size == (4, 25)
+        assert torch.equal(td["action"], (td["observation"][..., 2] > 0).long())
+
+
+def test_list_of_factories_and_kwargs(kind, no_leaks):
+    factories = [functools.partial(CountingEnv, episode_len=3), functools.partial(CountingEnv, episode_len=5)]
+    with make(kind, 2, factories, create_env_kwargs=[{"n_actions": 3}, {"n_actions": 3}]) as env:
+        td = env.rollout(10, break_when_any_done=False)
+        first_done = td["next", "done"].squeeze(-1).float().argmax(-1).tolist()
+        assert first_done == [2, 4]
+
+
+def test_torchrl_env_factory(kind, no_leaks):
+    with make(kind, 2, lambda: GymEnv("CartPole-v1")) as env:
+        check_env_specs(env)
+        td = env.rollout(20, break_when_any_done=False)
+        assert td.batch_size == (2, 20)
+        assert td["action"].shape == (2, 20, 2)  # GymEnv's one-hot actions
+
+
+def test_rich_spaces_become_nested_keys(kind, no_leaks):
+    with make(kind, 2, RichSpacesEnv) as env:
+        keys = set(env.full_observation_spec.keys(True, True))
+        assert keys == {"pos", "mode", ("extra", "0"), ("extra", "1")}
+        assert set(env.full_action_spec.keys(True, True)) == {("action", "move"), ("action", "jump")}
+        check_env_specs(env)
+        td = env.rollout(6, break_when_any_done=False)
+        assert ((td["mode"] >= 0) & (td["mode"] <= 2)).all()  # Discrete(3, start=1) shifted to 0..2
+        assert td["next", "truncated"][:, 3].all()
+
+
+def test_public_step_does_not_alias_buffers(kind, no_leaks):
+    with make(kind, 1, CountingEnv, per_worker=2) as env:
+        td = env.reset()
+        td["action"] = torch.tensor([1, 1])
+        first = env.step(td)["next", "observation"].clone()
+        td2 = env.reset()
+        td2["action"] = torch.tensor([2, 2])
+        out1 = env.step(td)
+        env.step(td2)
+        assert torch.equal(out1["next", "observation"][:, 1], torch.tensor([1.0, 1.0]))
+        assert torch.equal(first[:, 0], torch.tensor([1.0, 1.0]))
+
+
+def test_close_is_idempotent_and_blocks_use(kind, no_leaks):
+    env = make(kind, 2, cartpole)
+    env.close()
+    env.close()
+    assert env.is_closed
+    with pytest.raises(RuntimeError, match="closed"):
+        env.reset()
+
+
+def test_gym_make_with_kwargs(kind, no_leaks):
+    with make(kind, 2, gym.make, create_env_kwargs={"id": "CartPole-v1", "max_episode_steps": 3}) as env:
+        td = env.rollout(10, break_when_any_done=False)
+        assert td["next", "truncated"][:, 2].all()

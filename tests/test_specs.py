@@ -1,0 +1,60 @@
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
+
+from envs.specs import observation_spec_from_space, space_to_spec, spec_differences
+
+
+def test_box_finite_is_bounded_with_its_bounds():
+    spec = space_to_spec(spaces.Box(-1.0, 2.0, (3,), np.float32))
+    assert isinstance(spec, Bounded)
+    assert spec.shape == (3,) and spec.dtype == torch.float32
+    assert torch.equal(spec.space.low, torch.full((3,), -1.0))
+    assert torch.equal(spec.space.high, torch.full((3,), 2.0))
+
+
+def test_box_with_infinite_bound_is_unbounded():
+    spec = space_to_spec(spaces.Box(-np.inf, 1.0, (2, 2), np.float64))
+    assert isinstance(spec, Unbounded) and spec.shape == (2, 2) and spec.dtype == torch.float64
+
+
+def test_uint8_image_box():
+    spec = space_to_spec(spaces.Box(0, 255, (84, 84, 3), np.uint8))
+    assert isinstance(spec, Bounded) and spec.dtype == torch.uint8 and spec.shape == (84, 84, 3)
+
+
+def test_discrete_multidiscrete_multibinary():
+    d = space_to_spec(spaces.Discrete(5, start=2))
+    assert isinstance(d, Categorical) and d.shape == () and d.space.n == 5 and d.dtype == torch.int64
+    md = space_to_spec(spaces.MultiDiscrete([2, 3]))
+    assert isinstance(md, MultiCategorical) and md.shape == (2,)
+    mb = space_to_spec(spaces.MultiBinary(4))
+    assert isinstance(mb, Binary) and mb.shape == (4,) and mb.dtype == torch.int8
+
+
+def test_dict_and_tuple_become_nested_keys():
+    space = spaces.Dict({"a": spaces.Discrete(2), "b": spaces.Tuple((spaces.Box(0, 1, (1,)), spaces.Discrete(3)))})
+    spec = observation_spec_from_space(space)
+    assert isinstance(spec, Composite)
+    assert set(spec.keys(True, True)) == {"a", ("b", "0"), ("b", "1")}
+
+
+def test_plain_observation_goes_under_observation_key():
+    spec = observation_spec_from_space(spaces.Box(0, 1, (4,)))
+    assert list(spec.keys()) == ["observation"]
+
+
+def test_unsupported_space_is_a_clear_error():
+    with pytest.raises(TypeError, match="no TorchRL counterpart"):
+        space_to_spec(spaces.Text(5))
+
+
+def test_spec_differences_lists_the_keys():
+    a = Composite(x=Unbounded(shape=(3,)), y=Unbounded(shape=(1,)), shape=())
+    b = Composite(x=Unbounded(shape=(5,)), z=Unbounded(shape=(1,)), shape=())
+    diffs = spec_differences(a, b)
+    assert any(d.startswith("x (") for d in diffs)
+    assert "y (missing)" in diffs and "z (unexpected)" in diffs
+    assert spec_differences(a, a.clone()) == []
