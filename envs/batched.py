@@ -10,6 +10,7 @@ covers those envs returns the same observation without resetting them twice.
 """
 from __future__ import annotations
 
+import gc
 import weakref
 
 import numpy as np
@@ -171,6 +172,10 @@ class BatchedEnv(EnvBase):
             return
         self.is_closed = True
         self._shutdown()
+        # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
+        self._buffers = self._root = self._next = self._next_done = None
+        self._action_slots = []
+        gc.collect()  # tensordict views form reference cycles; collect them so the memory goes now
 
     def __enter__(self):
         return self

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import time
 from typing import Callable, Sequence
 
@@ -77,7 +78,9 @@ class ParallelEnv(BatchedEnv):
         check_actions: bool = True,
     ):
         if getattr(multiprocessing.current_process(), "_inheriting", False):
-            raise SystemExit(MISSING_GUARD_EXIT)  # see _GUARD_MESSAGE; the main process explains
+            # a worker is importing an unguarded main module (see _GUARD_MESSAGE): leave quietly with a code
+            # the main process recognises and explains once
+            os._exit(MISSING_GUARD_EXIT)
         factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, "ParallelEnv", "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ValueError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
@@ -122,7 +125,7 @@ class ParallelEnv(BatchedEnv):
             proc = context.Process(
                 target=run_worker,
                 args=(w, factory, self.envs_per_worker, w * self.envs_per_worker, child_conn,
-                      self._wake[w], self._done[w], os.getpid()),
+                      self._wake[w], self._done[w]),
                 name=f"ParallelEnv-worker-{w}",
                 daemon=False,
             )
@@ -130,7 +133,7 @@ class ParallelEnv(BatchedEnv):
             child_conn.close()
             self._procs.append(proc)
             self._conns.append(parent_conn)
-        specs = self._receive_all("specs", "construction")
+        specs = [pickle.loads(payload) for payload in self._receive_all("specs", "construction")]
         reference = specs[0].as_composite()
         for w, other in enumerate(specs[1:], start=1):
             diffs = spec_differences(reference, other.as_composite())
@@ -151,6 +154,8 @@ class ParallelEnv(BatchedEnv):
             try:
                 kind, value = conn.recv()
             except EOFError:
+                kind, value = "eof", None
+            if kind == "eof":
                 self._procs[w].join(1.0)
                 self._raise_dead(w, during)
             if kind == "error":
@@ -211,11 +216,11 @@ class ParallelEnv(BatchedEnv):
 
     def _raise_dead(self, w: int, during: str):
         proc = self._procs[w]
-        if proc.exitcode == MISSING_GUARD_EXIT:
-            self._stop_workers()
-            raise MissingMainGuardError(_GUARD_MESSAGE.format(method=self.start_method))
+        pid, exitcode = proc.pid, proc.exitcode
         self._stop_workers()
-        raise WorkerDiedError(w, proc.pid, proc.exitcode, during)
+        if exitcode == MISSING_GUARD_EXIT:
+            raise MissingMainGuardError(_GUARD_MESSAGE.format(method=self.start_method))
+        raise WorkerDiedError(w, pid, exitcode, during)
 
     def _worker_error(self, w: int, report: dict) -> EnvWorkerError:
         return EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
@@ -238,9 +243,13 @@ class ParallelEnv(BatchedEnv):
             if proc.exitcode is None:
                 proc.kill()
                 proc.join(5.0)
+            proc.close()
         for conn in self._conns:
             conn.close()
         self._conns = []
+        self._wake = self._done = []
+        self._command_tensor = self._status_tensor = self._reset_tensor = None
+        self._command = self._status = self._reset_mask = None
         self.__dict__["is_closed"] = True
 
     @property

@@ -14,7 +14,7 @@ Each worker ``w`` owns envs ``first .. first + k - 1`` (``k = envs_per_worker``)
 States (:class:`WorkerState`) and messages::
 
     STARTING   builds its k envs from the cloudpickled constructor (inside this process)
-               -> conn: ("specs", EnvSpecs)                       or ("error", report) and exit 1
+               -> conn: ("specs", pickled EnvSpecs)                      or ("error", report) and exit 1
     BINDING    <- conn: ("buffers", buffers, command, status, reset_mask)
                -> conn: ("ready", pid)
     IDLE       blocks on ``wake`` (never spins); wakes every second to exit if the main process is gone
@@ -33,7 +33,9 @@ only when status says FAILED or when it asked for a CALL, so a step costs two se
 from __future__ import annotations
 
 import enum
+import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -65,9 +67,9 @@ def error_report(exc: BaseException, during: str) -> dict:
     }
 
 
-def run_worker(index, factory, envs_per_worker, first_env, conn, wake, done, parent_pid) -> None:
+def run_worker(index, factory, envs_per_worker, first_env, conn, wake, done) -> None:
     """Entry point of worker ``index`` (see the module docstring for the protocol)."""
-    _die_with_parent(parent_pid)
+    _die_with_parent()
     torch.set_num_threads(1)
     state = WorkerState.STARTING
     try:
@@ -76,7 +78,8 @@ def run_worker(index, factory, envs_per_worker, first_env, conn, wake, done, par
         conn.send(("error", error_report(exc, "construction")))
         conn.close()
         sys.exit(1)
-    conn.send(("specs", group.specs))
+    # plain pickle, by value: the multiprocessing pickler would put every spec tensor in shared memory
+    conn.send(("specs", pickle.dumps(group.specs)))
     state = WorkerState.BINDING
     message = conn.recv()
     if message[0] != "buffers":
@@ -90,7 +93,7 @@ def run_worker(index, factory, envs_per_worker, first_env, conn, wake, done, par
     state = WorkerState.IDLE
     while state is not WorkerState.CLOSED:
         if not wake.acquire(timeout=IDLE_POLL_S):
-            if os.getppid() != parent_pid:
+            if not _main_process_alive():
                 break
             continue
         state = WorkerState.RUNNING
@@ -116,8 +119,9 @@ def run_worker(index, factory, envs_per_worker, first_env, conn, wake, done, par
     group.close()
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (the idle poll is the fallback elsewhere)."""
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (the main process, or the forkserver, which
+    itself ends with the main process); the idle poll of :func:`_main_process_alive` is the fallback."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -126,5 +130,10 @@ def _die_with_parent(parent_pid: int) -> None:
             libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
         except OSError:
             pass
-    if os.getppid() != parent_pid:
+    if not _main_process_alive():
         os._exit(0)
+
+
+def _main_process_alive() -> bool:
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()

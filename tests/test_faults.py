@@ -1,0 +1,153 @@
+"""Bad input and worker faults: a clear error in the main process, and nothing left behind."""
+import functools
+import os
+import signal
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+import torch
+from torchrl.envs import GymEnv
+
+from envs import (
+    EnvWorkerError,
+    ParallelEnv,
+    SerialEnv,
+    SpecMismatchError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
+from tests.conftest import live_children
+from tests.helpers import CountingEnv, FaultyEnv, OtherShapeEnv, StuckEnv, SuicidalEnv, cartpole
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("instance", [lambda: gym.make("CartPole-v1"), lambda: GymEnv("CartPole-v1"), lambda: CountingEnv()])
+@pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
+def test_env_instance_is_a_type_error_that_shows_the_fix(cls, instance, no_leaks):
+    env = instance()
+    children = len(live_children())
+    with pytest.raises(TypeError, match=r"not an env instance.*lambda"):
+        cls(2, env)
+    assert len(live_children()) == children
+    env.close()
+
+
+def test_non_callable_and_bad_counts(no_leaks):
+    with pytest.raises(TypeError, match="callable"):
+        ParallelEnv(2, "CartPole-v1")
+    with pytest.raises(ValueError, match="num_workers >= 1"):
+        ParallelEnv(0, cartpole)
+    with pytest.raises(ValueError, match="envs_per_worker >= 1"):
+        ParallelEnv(2, cartpole, envs_per_worker=0)
+    with pytest.raises(ValueError, match="list of 3 items but num_workers is 2"):
+        ParallelEnv(2, [cartpole] * 3)
+    with pytest.raises(ValueError, match="mp_start_method"):
+        ParallelEnv(2, cartpole, mp_start_method="thread")
+
+
+def test_factory_that_captures_an_unpicklable_object(no_leaks):
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="cannot be sent to a worker process"):
+        ParallelEnv(2, lambda: (lock, CountingEnv())[1], mp_start_method="spawn")
+
+
+@pytest.mark.parametrize("where", ["init", "reset", "step"])
+def test_exception_in_worker_names_worker_type_message_and_traceback(where, no_leaks):
+    factories = [CountingEnv, functools.partial(FaultyEnv, where)]
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError) as info:
+        with ParallelEnv(2, factories) as env:
+            env.rollout(10, break_when_any_done=False)
+    err = info.value
+    assert time.monotonic() - start < 10
+    assert err.worker == 1 and err.exc_type == "ValueError" and "boom" in err.exc_message
+    text = str(err)
+    assert "worker 1 raised ValueError" in text and "boom" in text
+    assert "helpers.py" in text and "Traceback" in text
+
+
+def test_env_stays_usable_after_an_exception_in_step(no_leaks):
+    with ParallelEnv(2, [CountingEnv, functools.partial(FaultyEnv, "step", at_step=2)]) as env:
+        td = env.reset()
+        td["action"] = torch.tensor([1, 1])
+        env.step(td)
+        with pytest.raises(EnvWorkerError, match="boom in step 2"):
+            env.step(td)
+        assert env.reset()["observation"].shape == (2, 3)
+
+
+def test_worker_killing_itself_is_reported_with_its_exit_code(no_leaks):
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"worker 1 .*SIGKILL") as info:
+        with ParallelEnv(2, [CountingEnv, SuicidalEnv]) as env:
+            env.rollout(10, break_when_any_done=False)
+    assert time.monotonic() - start < 10
+    assert info.value.exitcode == -signal.SIGKILL
+    assert env.is_closed
+
+
+def test_worker_killed_from_outside(no_leaks):
+    env = ParallelEnv(3, cartpole)
+    os.kill(env.worker_pids[2], signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match="worker 2"):
+        env.rollout(5)
+    assert env.is_closed and env.worker_pids == []
+
+
+def test_stuck_step_times_out(no_leaks):
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match="worker 1 did not finish step within 1.5 s"):
+        with ParallelEnv(2, [CountingEnv, StuckEnv], timeout=1.5) as env:
+            env.rollout(3)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
+def test_wrong_action_is_caught_before_sending(cls, no_leaks):
+    with cls(2, CountingEnv) as env:
+        td = env.reset()
+        td["action"] = torch.tensor([[1], [1]])
+        with pytest.raises(ValueError, match=r"'action' has shape \(2, 1\).*expects shape \(2,\)"):
+            env.step(td)
+        td["action"] = torch.tensor([1.0, 1.0])
+        with pytest.raises(ValueError, match=r"'action'.*dtype torch.float32.*dtype torch.int64"):
+            env.step(td)
+        td["action"] = torch.tensor([1, 7])
+        with pytest.raises(ValueError, match=r"'action' holds values outside its spec \(integers in \[0, 2\]\)"):
+            env.step(td)
+        # nothing reached the envs: they still count from 0
+        td["action"] = torch.tensor([2, 2])
+        assert env.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0]
+
+
+def test_spec_mismatch_between_workers_lists_the_keys(no_leaks):
+    with pytest.raises(SpecMismatchError, match=r"worker 1.*observation \(UnboundedContinuous shape=\(3,\)"):
+        ParallelEnv(2, [CountingEnv, OtherShapeEnv])
+
+
+def test_spec_mismatch_inside_serial_env(no_leaks):
+    with pytest.raises(SpecMismatchError, match="env 1 has other specs than env 0"):
+        SerialEnv(2, [CountingEnv, OtherShapeEnv])
+
+
+def test_many_create_close_cycles_leave_nothing(no_leaks):
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        env = ParallelEnv(2, CountingEnv)
+        env.rollout(2)
+        env.close()
+    assert len(os.listdir("/proc/self/fd")) <= fds + 2
+
+
+def test_garbage_collected_env_stops_its_workers(no_leaks):
+    env = ParallelEnv(2, CountingEnv)
+    pids = env.worker_pids
+    del env
+    import gc
+
+    gc.collect()
+    time.sleep(0.1)
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
