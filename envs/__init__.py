@@ -7,7 +7,8 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from .parallel import ParallelEnv, default_start_method
+from .parallel import ParallelEnv
+from .pool import default_start_method
 from .serial import SerialEnv
 
 __all__ = [
