@@ -1,0 +1,144 @@
+"""BatchLoop: fills ``[n_envs, steps]`` batches from one batched env and a policy.
+
+It is the loop of :class:`~collectors.Collector` and of every :class:`~collectors.MultiSyncCollector`
+worker. ``storage`` (allocated once, in shared memory for the multi-process collector) holds one batch with
+the keys of a TorchRL rollout: the root (observation keys, done flags), what the policy wrote ("action",
+log-probabilities, ...) and ``"next"`` (observation keys, reward, done flags); time is the last batch dim.
+
+With a tdcollect ``BatchedEnv`` (SerialEnv / ParallelEnv) a step is lean: the policy reads views of the
+storage, its outputs and the env's buffers are copied leaf by leaf (``torch._foreach_copy_``) — no
+TensorDict is built per step. Any other TorchRL env goes through ``step_and_maybe_reset``.
+Consecutive batches continue the same episodes (the last root is carried over).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.envs import EnvBase
+
+from envs.batched import BatchedEnv
+
+
+class BatchLoop:
+    def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False,
+                 reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None):
+        if len(env.batch_size) != 1:
+            raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}.")
+        self.env, self.policy, self.steps = env, policy, steps
+        self.n_envs = env.batch_size[0]
+        self.reset_at_each_iter = reset_at_each_iter
+        self.max_frames_per_traj = max_frames_per_traj
+        self.traj_steps = np.zeros(self.n_envs, dtype=np.int64)
+        self.lean = isinstance(env, BatchedEnv)
+        self.random_actions = env.full_action_spec
+        self.root = env.reset()
+        template = self._template()
+        self.storage = template.unsqueeze(-1).expand(self.n_envs, steps).clone()
+        if shared:
+            self.storage.share_memory_()
+        self.views = self.storage.unbind(-1)
+        self.storage_keys = list(self.storage.keys(True, True))
+        self._next_done = self.storage.get(("next", "done")).view(self.n_envs, steps)
+        if self.lean:
+            self._prepare_lean()
+        self._first = True
+
+    def _template(self) -> TensorDictBase:
+        """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
+        fake = self.env.fake_tensordict()
+        probe = self.policy(self.root.clone())
+        extra = set(probe.keys(True, True)) - set(fake.keys(True, True))
+        if extra:
+            fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
+        return fake
+
+    def _prepare_lean(self) -> None:
+        env = self.env
+        self.root_keys = list(env._root.keys(True, True))
+        root_set = set(self.root_keys)
+        next_keys = list(env._next.keys(True, True))
+        self.policy_keys = [k for k in self.storage_keys if k not in root_set and not _is_next(k)]
+        self.action_keys = [key for key, _, _ in env._action_slots]
+        self.root_src = [env._root.get(k) for k in self.root_keys]
+        self.next_src = [env._next.get(k) for k in next_keys]
+        leaves = {k: self.storage.get(k) for k in self.storage_keys}
+        self.root_dst = [[leaves[k][:, t] for k in self.root_keys] for t in range(self.steps)]
+        self.next_dst = [[leaves[("next", *_tuple(k))][:, t] for k in next_keys] for t in range(self.steps)]
+        self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
+        self.carry = [src.clone() for src in self.root_src]
+
+    def set_seed(self, seed: int) -> None:
+        """Seed the envs (env i: ``seed + i``) and this process' torch RNG, and start fresh episodes."""
+        self.env.set_seed(seed)
+        torch.manual_seed(seed)
+        self.root = self.env.reset()
+        self._first = True
+
+    # ----------------------------------------------------------------- one batch
+    def collect(self, random: bool = False) -> TensorDictBase:
+        """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
+        if self.reset_at_each_iter or self._first:
+            self.root = self.env.reset() if (self.reset_at_each_iter and not self._first) else self.root
+            self.traj_steps[:] = 0
+            if self.lean:
+                torch._foreach_copy_(self.carry, [self.root.get(k) for k in self.root_keys])
+        step = self._lean_step if self.lean else self._generic_step
+        if self.lean:
+            torch._foreach_copy_(self.root_dst[0], self.carry)
+        for t in range(self.steps):
+            step(t, random)
+        self._first = False
+        return self.storage
+
+    def _lean_step(self, t: int, random: bool) -> None:
+        env, view = self.env, self.views[t]
+        policy_in = view.select(*self.root_keys)
+        if random:
+            out = policy_in.update(self.random_actions.rand())
+            for dst in self.policy_dst[t]:
+                dst.zero_()
+            keys = self.action_keys
+            torch._foreach_copy_([view.get(k) for k in keys], [out.get(k) for k in keys])
+        else:
+            out = self.policy(policy_in)
+            torch._foreach_copy_(self.policy_dst[t], [out.get(k) for k in self.policy_keys])
+        env.write_actions(view, check=self._first and t == 0)
+        env._run_step()
+        torch._foreach_copy_(self.next_dst[t], self.next_src)
+        if self.max_frames_per_traj:
+            self._truncate_long_trajectories(t)
+        torch._foreach_copy_(self.root_dst[t + 1] if t + 1 < self.steps else self.carry, self.root_src)
+
+    def _generic_step(self, t: int, random: bool) -> None:
+        td = self.root.update(self.random_actions.rand()) if random else self.policy(self.root)
+        td, self.root = self.env.step_and_maybe_reset(td)
+        self.views[t].update_(td.select(*self.storage_keys, strict=False))
+        if self.max_frames_per_traj:
+            self._truncate_long_trajectories(t)
+
+    def _truncate_long_trajectories(self, t: int) -> None:
+        """End (truncate) trajectories that reached ``max_frames_per_traj`` and reset their envs."""
+        self.traj_steps += 1
+        self.traj_steps[self._next_done[:, t].numpy()] = 0
+        over = self.traj_steps >= self.max_frames_per_traj
+        if not over.any():
+            return
+        mask = torch.as_tensor(over)
+        for key in ("done", "truncated"):
+            flags = self.storage.get(("next", key))[:, t]
+            flags[mask] = True
+        self.traj_steps[over] = 0
+        reset = TensorDict({"_reset": mask.unsqueeze(-1)}, batch_size=[self.n_envs])
+        if self.lean:
+            self.env.reset(reset)
+        else:
+            self.root = self.env.reset(self.root.update(reset))
+
+
+def _is_next(key) -> bool:
+    return isinstance(key, tuple) and key[0] == "next"
+
+
+def _tuple(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)

@@ -1,0 +1,81 @@
+"""Turning what users pass as a policy into a callable ``TensorDict [n_envs] -> TensorDict`` that sets
+``"action"`` (and whatever else it computes, e.g. log-probabilities).
+
+Accepted: a ``TensorDictModule`` / TorchRL actor; a plain ``nn.Module`` mapping the observation tensor to
+the action tensor; any callable on a TensorDict; ``None`` (random actions from the env's action spec).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+
+class RandomPolicy:
+    """Samples every action entry uniformly from the (batched) full action spec."""
+
+    def __init__(self, full_action_spec):
+        self.spec = full_action_spec
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        return td.update(self.spec.rand())
+
+
+class ObservationToAction(nn.Module):
+    """Wraps an ``nn.Module`` that maps ``td[in_key]`` to the action: sets ``td["action"]``."""
+
+    def __init__(self, module: nn.Module, in_key="observation", out_key="action"):
+        super().__init__()
+        self.module, self.in_key, self.out_key = module, in_key, out_key
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        return td.set(self.out_key, self.module(td.get(self.in_key)))
+
+
+class OnDevice:
+    """Runs ``policy`` on ``device``: inputs go there through a pinned staging copy, outputs come back."""
+
+    def __init__(self, policy: Callable, device: torch.device):
+        self.policy, self.device = policy, device
+        self._staging = None
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        if self.device.type == "cuda":
+            if self._staging is None or set(self._staging.keys(True, True)) != set(td.keys(True, True)):
+                self._staging = td.clone().pin_memory()
+            else:
+                self._staging.update_(td)
+            moved = self._staging.to(self.device, non_blocking=True)
+        else:
+            moved = td.to(self.device)
+        out = self.policy(moved)
+        return td.update(out.to("cpu"))
+
+
+def make_policy(policy, full_action_spec, policy_device=None, observation_key="observation") -> Callable:
+    """The callable the collector loop calls once per step (see the module docstring)."""
+    if policy is None:
+        return RandomPolicy(full_action_spec)
+    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
+        policy = ObservationToAction(policy, observation_key)
+    elif not callable(policy):
+        raise TypeError(
+            f"policy must be a TensorDictModule, an nn.Module (observation -> action), a callable on a "
+            f"TensorDict or None; got {type(policy).__name__}."
+        )
+    if policy_device is not None and torch.device(policy_device) != torch.device("cpu"):
+        device = torch.device(policy_device)
+        if isinstance(policy, nn.Module):
+            policy = policy.to(device)
+        return OnDevice(policy, device)
+    return policy
+
+
+def policy_module(policy) -> nn.Module | None:
+    """The ``nn.Module`` holding the policy's weights, if any."""
+    if isinstance(policy, OnDevice):
+        policy = policy.policy
+    return policy if isinstance(policy, nn.Module) else None

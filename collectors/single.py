@@ -1,0 +1,73 @@
+"""Collector: one batched env and a policy in this process (the central-inference path with a ParallelEnv:
+one batched policy forward per step, on a GPU if asked)."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+
+from .base import CollectorBase
+from .env_setup import make_batched_env
+from .loop import BatchLoop
+from .policies import make_policy
+
+
+class Collector(CollectorBase):
+    """Yields TensorDicts ``[n_envs, T]`` with ``n_envs * T == frames_per_batch`` (TorchRL keys, time last,
+    ``("collector", "traj_ids")``); consecutive batches continue the same episodes.
+
+    Args:
+        create_env_fn: a batched env (``ParallelEnv``, ``SerialEnv``, any TorchRL env with one batch dim), a
+            gymnasium or unbatched TorchRL env, or a function returning one of these.
+        policy: a ``TensorDictModule`` / TorchRL actor, an ``nn.Module`` (observation -> action), a callable
+            on a TensorDict, or ``None`` (random actions).
+        frames_per_batch: frames per yielded batch (a multiple of the number of envs).
+        total_frames: frames to collect in all (-1: endless).
+        device: default for ``policy_device`` and ``storing_device``; ``env_device`` must be the CPU.
+        policy_device: where the policy runs (inputs go there through pinned memory, actions come back).
+        storing_device: where yielded batches live.
+        split_trajs, reset_at_each_iter, init_random_frames, max_frames_per_traj: as in TorchRL.
+        progress_bar: show a tqdm bar with frames/s.
+    After each batch, ``episode_stats`` holds ``returns`` and ``lengths`` of the episodes that ended in it.
+    """
+
+    def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
+                 device=None, env_device=None, policy_device=None, storing_device=None,
+                 split_trajs: bool = False, reset_at_each_iter: bool = False, init_random_frames: int = 0,
+                 max_frames_per_traj: int | None = None, progress_bar: bool = False):
+        super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
+                         init_random_frames=init_random_frames,
+                         storing_device=storing_device or device, progress_bar=progress_bar)
+        _check_env_device(env_device, "Collector")
+        self.env, self._owns_env = make_batched_env(create_env_fn, "Collector")
+        try:
+            steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
+            self.policy = make_policy(policy, self.env.full_action_spec, policy_device or device)
+            self._loop = BatchLoop(self.env, self.policy, steps, reset_at_each_iter=reset_at_each_iter,
+                                   max_frames_per_traj=max_frames_per_traj)
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def _collect(self, random: bool) -> TensorDictBase:
+        return self._loop.collect(random).clone()
+
+    def set_seed(self, seed: int) -> None:
+        """Env i gets ``seed + i`` (episodes restart); the torch RNG is seeded with ``seed``."""
+        self._loop.set_seed(seed)
+
+    def update_policy_weights_(self, policy_weights=None) -> None:
+        """The policy runs in this process, so it always acts with its current weights; with
+        ``policy_weights`` (a TensorDict), those are copied into it first."""
+        if policy_weights is not None:
+            from tensordict import TensorDict
+
+            TensorDict.from_module(self.policy).data.update_(policy_weights)
+
+    def _shutdown(self) -> None:
+        if self._owns_env and not self.env.is_closed:
+            self.env.close()
+
+
+def _check_env_device(env_device, owner: str) -> None:
+    if env_device is not None and torch.device(env_device).type != "cpu":
+        raise ValueError(f"{owner}: env_device must be the CPU (tdcollect's envs step on the CPU), got {env_device}.")

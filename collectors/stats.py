@@ -1,0 +1,53 @@
+"""Trajectory ids and episode statistics, computed in the main process from consecutive batches."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+
+TRAJ_KEY = ("collector", "traj_ids")
+
+
+class TrajectoryTracker:
+    """Gives every trajectory a unique id and measures the episodes that finish.
+
+    ``annotate(batch)`` (batch ``[n_envs, T]`` with ``("next", "done")`` and ``("next", "reward")``) sets
+    ``("collector", "traj_ids")`` (int64 ``[n_envs, T]``; a trajectory that spans batches keeps its id) and
+    returns ``{"returns": float [k], "lengths": int64 [k]}`` for the ``k`` episodes that ended in the batch
+    (returns summed over reward dims, counted from the episode's start even if that was batches ago).
+    """
+
+    def __init__(self, n_envs: int):
+        self.current = torch.arange(n_envs)
+        self.next_id = n_envs
+        self.running_return = torch.zeros(n_envs, dtype=torch.float64)
+        self.running_length = torch.zeros(n_envs, dtype=torch.int64)
+
+    def annotate(self, batch: TensorDictBase) -> dict:
+        n, t = batch.batch_size
+        done = batch.get(("next", "done")).reshape(n, t, -1).any(-1)
+        ends = done.long()
+        before = ends.cumsum(1) - ends  # episodes ended strictly before each step
+        new = ends.sum(1)
+        offsets = new.cumsum(0) - new
+        ids = torch.where(before == 0, self.current[:, None], self.next_id + offsets[:, None] + before - 1)
+        batch.set(TRAJ_KEY, ids)
+        self.current = torch.where(done[:, -1], self.next_id + offsets + new - 1, ids[:, -1])
+        self.next_id += int(new.sum())
+        return self._episodes(batch, before, new, n, t)
+
+    def _episodes(self, batch, before, new, n, t) -> dict:
+        reward = batch.get(("next", "reward"), None)
+        if reward is None:
+            return {"returns": torch.zeros(0), "lengths": torch.zeros(0, dtype=torch.int64)}
+        reward = reward.reshape(n, t, -1).sum(-1).double()
+        segment = (torch.arange(n)[:, None] * (t + 1) + before).flatten()
+        sums = torch.zeros(n * (t + 1), dtype=torch.float64).index_add_(0, segment, reward.flatten())
+        lens = torch.zeros(n * (t + 1), dtype=torch.int64).index_add_(0, segment, torch.ones_like(segment))
+        sums, lens = sums.view(n, t + 1), lens.view(n, t + 1)
+        sums[:, 0] += self.running_return
+        lens[:, 0] += self.running_length
+        finished = torch.arange(t + 1)[None, :] < new[:, None]
+        rows = torch.arange(n)
+        self.running_return = sums[rows, new].clone()
+        self.running_length = lens[rows, new].clone()
+        return {"returns": sums[finished].float(), "lengths": lens[finished]}
