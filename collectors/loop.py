@@ -47,7 +47,8 @@ class BatchLoop:
     def _template(self) -> TensorDictBase:
         """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
         fake = self.env.fake_tensordict()
-        probe = self.policy(self.root.clone())
+        with torch.no_grad():
+            probe = self.policy(self.root.clone())
         extra = set(probe.keys(True, True)) - set(fake.keys(True, True))
         if extra:
             fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
@@ -76,6 +77,7 @@ class BatchLoop:
         self._first = True
 
     # ----------------------------------------------------------------- one batch
+    @torch.no_grad()
     def collect(self, random: bool = False) -> TensorDictBase:
         """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
         if self.reset_at_each_iter or self._first:
