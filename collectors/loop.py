@@ -61,56 +61,59 @@ class BatchLoop:
         next_keys = list(env._next.keys(True, True))
         self.policy_keys = [k for k in self.storage_keys if k not in root_set and not _is_next(k)]
         self.action_keys = [key for key, _, _ in env._action_slots]
+        self.action_buffers = [buffer for _, buffer, _ in env._action_slots]
+        self.policy_in = TensorDict({k: env._root.get(k) for k in self.root_keys}, batch_size=env.batch_size)
         self.root_src = [env._root.get(k) for k in self.root_keys]
         self.next_src = [env._next.get(k) for k in next_keys]
         leaves = {k: self.storage.get(k) for k in self.storage_keys}
         self.root_dst = [[leaves[k][:, t] for k in self.root_keys] for t in range(self.steps)]
         self.next_dst = [[leaves[("next", *_tuple(k))][:, t] for k in next_keys] for t in range(self.steps)]
         self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
-        self.carry = [src.clone() for src in self.root_src]
+        self.action_dst = [[leaves[k][:, t] for k in self.action_keys] for t in range(self.steps)]
 
     def set_seed(self, seed: int) -> None:
         """Seed the envs (env i: ``seed + i``) and this process' torch RNG, and start fresh episodes."""
         self.env.set_seed(seed)
         torch.manual_seed(seed)
         self.root = self.env.reset()
-        self._first = True
+        self.traj_steps[:] = 0
 
     # ----------------------------------------------------------------- one batch
     @torch.no_grad()
     def collect(self, random: bool = False) -> TensorDictBase:
         """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
-        if self.reset_at_each_iter or self._first:
-            self.root = self.env.reset() if (self.reset_at_each_iter and not self._first) else self.root
+        if self.reset_at_each_iter and not self._first:
+            self.root = self.env.reset()
             self.traj_steps[:] = 0
-            if self.lean:
-                torch._foreach_copy_(self.carry, [self.root.get(k) for k in self.root_keys])
         step = self._lean_step if self.lean else self._generic_step
-        if self.lean:
-            torch._foreach_copy_(self.root_dst[0], self.carry)
         for t in range(self.steps):
             step(t, random)
         self._first = False
         return self.storage
 
     def _lean_step(self, t: int, random: bool) -> None:
-        env, view = self.env, self.views[t]
-        policy_in = view.select(*self.root_keys)
+        env = self.env
+        policy_in = self.policy_in.clone(recurse=False)  # the root buffer's leaves, in a fresh TensorDict
         if random:
             out = policy_in.update(self.random_actions.rand())
             for dst in self.policy_dst[t]:
                 dst.zero_()
-            keys = self.action_keys
-            torch._foreach_copy_([view.get(k) for k in keys], [out.get(k) for k in keys])
         else:
             out = self.policy(policy_in)
+        actions = [out.get(key) for key in self.action_keys]
+        if self._first and t == 0:
+            env.write_actions(out)  # checked once: shape, dtype, values
+        else:
+            torch._foreach_copy_(self.action_buffers, actions)
+        torch._foreach_copy_(self.root_dst[t], self.root_src)
+        if random:
+            torch._foreach_copy_(self.action_dst[t], actions)
+        else:
             torch._foreach_copy_(self.policy_dst[t], [out.get(k) for k in self.policy_keys])
-        env.write_actions(view, check=self._first and t == 0)
         env._run_step()
         torch._foreach_copy_(self.next_dst[t], self.next_src)
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
-        torch._foreach_copy_(self.root_dst[t + 1] if t + 1 < self.steps else self.carry, self.root_src)
 
     def _generic_step(self, t: int, random: bool) -> None:
         td = self.root.update(self.random_actions.rand()) if random else self.policy(self.root)

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 
@@ -33,6 +33,26 @@ class ObservationToAction(nn.Module):
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         return td.set(self.out_key, self.module(td.get(self.in_key)))
+
+
+class DirectModule:
+    """Runs a plain ``TensorDictModule`` by calling its inner module on the input tensors and setting the
+    outputs: the same result without the per-call TensorDict machinery (hundreds of µs per step)."""
+
+    def __init__(self, td_module: TensorDictModule):
+        self.td_module = td_module
+        self.module = td_module.module
+        self.in_keys = list(td_module.in_keys)
+        self.out_keys = list(td_module.out_keys)
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        outputs = self.module(*[td.get(key) for key in self.in_keys])
+        if not isinstance(outputs, tuple):
+            outputs = (outputs,)
+        for key, value in zip(self.out_keys, outputs):
+            if key != "_":
+                td.set(key, value)
+        return td
 
 
 class OnDevice:
@@ -59,6 +79,9 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_key="o
     """The callable the collector loop calls once per step (see the module docstring)."""
     if policy is None:
         return RandomPolicy(full_action_spec)
+    if (type(policy) is TensorDictModule and list(policy.out_keys) == list(policy.out_keys_source)
+            and policy.inplace is True):
+        policy = DirectModule(policy)
     if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
         policy = ObservationToAction(policy, observation_key)
     elif not callable(policy):
@@ -68,8 +91,8 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_key="o
         )
     if policy_device is not None and torch.device(policy_device) != torch.device("cpu"):
         device = torch.device(policy_device)
-        if isinstance(policy, nn.Module):
-            policy = policy.to(device)
+        if isinstance(policy_module(policy), nn.Module):
+            policy_module(policy).to(device)
         return OnDevice(policy, device)
     return policy
 
@@ -78,4 +101,6 @@ def policy_module(policy) -> nn.Module | None:
     """The ``nn.Module`` holding the policy's weights, if any."""
     if isinstance(policy, OnDevice):
         policy = policy.policy
+    if isinstance(policy, DirectModule):
+        policy = policy.td_module
     return policy if isinstance(policy, nn.Module) else None

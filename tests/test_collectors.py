@@ -183,3 +183,15 @@ def test_same_seed_same_batches(no_leaks):
         collector.set_seed(3)
         serial = torch.cat([b["observation"] for b in collector])
     assert serial.shape == runs[0].shape
+
+
+def test_direct_module_path_equals_tensordict_module():
+    from collectors.policies import DirectModule, make_policy
+
+    module = mlp_policy()
+    policy = make_policy(module, None)
+    assert isinstance(policy, DirectModule)
+    td = TensorDict({"observation": torch.randn(5, 4)}, [5])
+    assert torch.equal(policy(td.clone())["action"], module(td.clone())["action"])
+    selected = TensorDictModule(nn.Linear(4, 2), ["observation"], ["a"]).select_out_keys("a")
+    assert not isinstance(make_policy(selected, None), DirectModule) or selected.out_keys == ["a"]
