@@ -21,4 +21,14 @@ __all__ = [
     "WorkerTimeoutError",
     "MissingMainGuardError",
     "SpecMismatchError",
+    "DMLab2dEnv",
 ]
+
+
+def __getattr__(name):
+    # DMLab2dEnv needs the optional dmlab2d package (pip install "tdcollect[dmlab2d]"): imported on first use
+    if name == "DMLab2dEnv":
+        from .dmlab2d import DMLab2dEnv
+
+        return DMLab2dEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

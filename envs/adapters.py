@@ -10,8 +10,16 @@ Every stepper owns one env and one index ``i`` in a group's buffer views (see ``
   state for the next action into ``root[i]``: the reset observation if the env was done (auto-reset), else
   the next observation;
 - ``close()``.
+
+Families: :class:`GymStepper` (``gymnasium.Env``), :class:`TorchRLStepper` (unbatched TorchRL ``EnvBase``),
+:class:`DmEnvStepper` (``dm_env.Environment``; its key layout is in ``dm_specs.py``). A TorchRL env may offer
+a faster stepper of its own through a ``native_stepper()`` method (``DMLab2dEnv`` does); it must produce the
+same data as going through the env's ``EnvBase`` API.
 """
 from __future__ import annotations
+
+import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -33,10 +41,14 @@ def make_stepper(env, owner: str = "ParallelEnv"):
     if isinstance(env, gym.Env):
         return GymStepper(env)
     if isinstance(env, EnvBase):
-        return TorchRLStepper(env)
+        native = getattr(env, "native_stepper", None)
+        return native() if callable(native) else TorchRLStepper(env)
+    dm_env = sys.modules.get("dm_env")  # an env of that family means the module is already imported
+    if dm_env is not None and isinstance(env, dm_env.Environment):
+        return DmEnvStepper(env)
     raise TypeError(
         f"{owner}'s factory returned {type(env).__module__}.{type(env).__name__}, which is not an env "
-        "it can step: return a gymnasium.Env or a torchrl EnvBase from the factory."
+        "it can step: return a gymnasium.Env, a torchrl EnvBase or a dm_env.Environment from the factory."
     )
 
 
@@ -185,3 +197,64 @@ class TorchRLStepper:
     def close(self) -> None:
         if not self.env.is_closed:
             self.env.close()
+
+
+class DmEnvStepper:
+    """A ``dm_env.Environment``: timestep values are written into numpy views of the buffers.
+
+    ``layout``: a :class:`~envs.dm_specs.DmLayout` (default: :func:`~envs.dm_specs.flat_layout`, i.e. the
+    observation dict's entries as top-level keys, actions under ``"action"``, ``"reward"`` ``[1]``).
+    dm_env has no seeding call, so a seed passed to ``reset`` is ignored (with a warning, once); subclasses
+    that know how to seed their env override :meth:`seed`.
+    """
+
+    def __init__(self, env, layout=None):
+        from . import dm_specs  # needs dm_env, which only this family brings
+
+        self._dm = dm_specs
+        self.env = env
+        self.layout = layout if layout is not None else dm_specs.flat_layout(env)
+        self.specs = EnvSpecs(
+            observation=self.layout.observation,
+            action=self.layout.action,
+            reward=self.layout.reward,
+            done=self.layout.done,
+        )
+        self._warned_seed = False
+
+    def bind(self, views: BufferViews, index: int) -> None:
+        dm, layout, at = self._dm, self.layout, (index,)
+        self._write_root = dm.TimestepWriter(layout.observation_slots, views.root_np, at)
+        self._write_next = dm.TimestepWriter(
+            layout.observation_slots + layout.reward_slots, views.next_np, at
+        )
+        self._read_action = dm.ActionReader(layout.action_slots, views.action_np, at)
+        self._flags = [views.next_np[key][index, ...] for key in DONE_KEYS]
+
+    def seed(self, seed: int) -> None:
+        """Seed the env before its next reset: not possible for a plain dm_env env (warns once)."""
+        if not self._warned_seed:
+            self._warned_seed = True
+            warnings.warn(
+                f"{type(self.env).__name__} is a dm_env.Environment, which has no seeding call: the seed "
+                "is ignored.",
+                stacklevel=3,
+            )
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.seed(seed)
+        self._write_root(self.env.reset())
+
+    def step(self) -> None:
+        timestep = self.env.step(self._read_action())
+        self._write_next(timestep)
+        flags = self._dm.done_flags(timestep)
+        for array, flag in zip(self._flags, flags):
+            array[...] = flag
+        if flags[0]:
+            timestep = self.env.reset()
+        self._write_root(timestep)
+
+    def close(self) -> None:
+        self.env.close()

@@ -10,7 +10,7 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     into storage preallocated for ``max_steps`` (one ``foreach`` copy for root, one for next)."""
     n = env.num_envs
     storage = env.fake_tensordict().unsqueeze(1).expand(n, max_steps).clone()
-    storage.set("action", env.full_action_spec.rand((max_steps,)).transpose(0, 1).get("action"))
+    storage.update(env.full_action_spec.rand((max_steps,)).transpose(0, 1))
     root_keys = list(env._root.keys(True, True))
     next_keys = list(env._next.keys(True, True))
     root_src = [env._root.get(k) for k in root_keys]

@@ -28,12 +28,10 @@ class EnvSpecs:
     done: Composite
 
     def root_spec(self) -> Composite:
-        return Composite(**_entries(self.observation), **_entries(self.done), shape=())
+        return merge_specs(self.observation, self.done)
 
     def next_spec(self) -> Composite:
-        return Composite(
-            **_entries(self.observation), **_entries(self.reward), **_entries(self.done), shape=()
-        )
+        return merge_specs(self.observation, self.reward, self.done)
 
     def buffer_spec(self) -> Composite:
         return Composite(
@@ -51,8 +49,22 @@ class EnvSpecs:
         )
 
 
-def _entries(spec: Composite) -> dict:
-    return {key: spec[key].clone() for key in spec.keys()}
+def merge_specs(*specs: Composite) -> Composite:
+    """One Composite with the entries of all ``specs`` (cloned). A group key present in several (e.g.
+    ``"agents"`` holding observations and rewards) is merged level by level, keeping its shape."""
+    merged = Composite(shape=())
+    for spec in specs:
+        _merge_into(merged, spec)
+    return merged
+
+
+def _merge_into(target: Composite, spec: Composite) -> None:
+    for key in spec.keys():
+        sub = spec[key]
+        if key in target.keys() and isinstance(sub, Composite) and isinstance(target[key], Composite):
+            _merge_into(target[key], sub)
+        else:
+            target[key] = sub.clone()
 
 
 def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict:

@@ -1,0 +1,251 @@
+"""dm_env specs -> TorchRL specs, and the slots that move dm_env values into buffers and back.
+
+Leaf conversion (unbatched; ``s`` is the dm_env spec's shape):
+
+===========================================  ==========================================  ====================
+dm_env spec                                  TorchRL spec                                values in the buffer
+===========================================  ==========================================  ====================
+``BoundedArray`` (or ``DiscreteArray``),     ``Categorical(max - min + 1)`` if ``s == ()``,  ``value - minimum``
+integer dtype                                else ``MultiCategorical(max - min + 1)``;
+                                             int64
+``BoundedArray``, float dtype                ``Bounded(minimum, maximum)``, same dtype   as is
+``Array`` / ``BoundedArray``, bool dtype     ``Categorical(2)``, bool                    as is
+``Array``, numeric dtype                     ``Unbounded``, same dtype                   as is
+string / object dtype                        not supported (``TypeError``)
+===========================================  ==========================================  ====================
+
+Integer ranges lose their minimum the way gymnasium's ``Discrete(n, start)`` does in ``specs.py``: a
+dm_env action ``turn`` in ``[-1, 1]`` is ``Categorical(3)`` here and ``0, 1, 2`` stand for ``-1, 0, 1``.
+
+Nested dm_env specs (dicts; lists and tuples, whose items become keys ``"0"``, ``"1"``, ...) become nested
+keys. A :class:`Slot` links one dm_env leaf (a path into the env's values) with one tensordict leaf; a
+:class:`DmLayout` holds the four specs and the slots of one env. :func:`flat_layout` is the layout of any
+``dm_env.Environment``:
+
+- observations: the observation dict's entries as top-level keys (a single array: ``"observation"``);
+- actions: under ``"action"`` (a nested Composite if the action spec is a dict);
+- ``"reward"``: the timestep's reward, float32 ``[*s, 1]``;
+- ``"done"`` / ``"terminated"`` / ``"truncated"``: bool ``[1]`` from the step type and discount
+  (see :func:`done_flags`).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import dm_env
+import numpy as np
+import torch
+from dm_env import specs as dm
+from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
+
+from .specs import done_spec, torch_dtype
+
+#: the root of every source path: ``("observation", ...)`` reads the timestep's observation,
+#: ``("reward",)`` its reward.
+OBSERVATION, REWARD = "observation", "reward"
+
+
+@dataclass
+class Slot:
+    """One dm_env leaf <-> one tensordict leaf.
+
+    ``source``: path into ``{"observation": ts.observation, "reward": ts.reward}`` (observations, rewards)
+    or into the action structure ``env.step`` takes (actions; ``()`` for a single array).
+    ``key``: the tensordict key (a tuple). ``player``: an index along the leaf's first (agent) dimension, or
+    None when the slot fills the whole leaf. ``offset``: subtracted on the way in, added on the way out
+    (None: values pass as they are). ``dtype``: the engine's numpy dtype (actions are cast back to it).
+    """
+
+    source: tuple
+    key: tuple
+    offset: np.ndarray | None = None
+    dtype: np.dtype | None = None
+    player: int | None = None
+
+
+@dataclass
+class DmLayout:
+    """The specs (each a ``Composite`` of shape ``[]``) and slots of one dm_env env."""
+
+    observation: Composite
+    action: Composite
+    reward: Composite
+    done: Composite = field(default_factory=done_spec)
+    observation_slots: list[Slot] = field(default_factory=list)
+    action_slots: list[Slot] = field(default_factory=list)
+    reward_slots: list[Slot] = field(default_factory=list)
+
+
+def leaf_to_spec(spec: dm.Array) -> tuple[TensorSpec, np.ndarray | None]:
+    """``(TorchRL spec, offset)`` for one dm_env leaf spec (see the module table)."""
+    dtype = np.dtype(spec.dtype)
+    shape = tuple(spec.shape)
+    if dtype.kind in "OSUV":
+        raise TypeError(
+            f"dm_env spec {spec!r} holds {dtype} values (text or objects), which have no tensor form."
+        )
+    if dtype == np.bool_:
+        return Categorical(2, shape=shape, dtype=torch.bool), None
+    if isinstance(spec, dm.BoundedArray):
+        low = np.broadcast_to(np.asarray(spec.minimum), shape)
+        high = np.broadcast_to(np.asarray(spec.maximum), shape)
+        if dtype.kind in "iu":
+            nvec = (high.astype(np.int64) - low.astype(np.int64) + 1).astype(np.int64)
+            offset = low.astype(np.int64).copy() if np.any(low != 0) else None
+            if shape == ():
+                return Categorical(int(nvec), shape=(), dtype=torch.int64), offset
+            return MultiCategorical(torch.as_tensor(nvec), shape=shape, dtype=torch.int64), offset
+        tdtype = torch_dtype(dtype)
+        return (
+            Bounded(
+                low=torch.as_tensor(low.copy(), dtype=tdtype),
+                high=torch.as_tensor(high.copy(), dtype=tdtype),
+                shape=shape,
+                dtype=tdtype,
+            ),
+            None,
+        )
+    return Unbounded(shape=shape, dtype=torch_dtype(dtype)), None
+
+
+def iter_leaves(spec, path: tuple = ()):
+    """``(path, leaf spec)`` for every leaf of a (nested) dm_env spec; list items get keys ``"0"``, ..."""
+    if isinstance(spec, Mapping):
+        for key, sub in spec.items():
+            yield from iter_leaves(sub, (*path, key))
+    elif isinstance(spec, (list, tuple)):
+        for j, sub in enumerate(spec):
+            yield from iter_leaves(sub, (*path, j))
+    else:
+        yield path, spec
+
+
+def key_of(path: tuple) -> tuple:
+    """The tensordict key of a dm_env path (list indices become strings)."""
+    return tuple(str(p) for p in path)
+
+
+def flat_layout(env: dm_env.Environment) -> DmLayout:
+    """The layout of any ``dm_env.Environment`` (see the module docstring)."""
+    obs_spec = env.observation_spec()
+    observation, obs_slots = Composite(shape=()), []
+    single_obs = not isinstance(obs_spec, (Mapping, list, tuple))
+    for path, leaf in iter_leaves(obs_spec):
+        key = ("observation",) if single_obs else key_of(path)
+        try:
+            spec, offset = leaf_to_spec(leaf)
+        except TypeError as exc:
+            raise TypeError(f"observation {'.'.join(key)}: {exc}") from None
+        observation[key] = spec
+        obs_slots.append(Slot((OBSERVATION, *path), key, offset))
+
+    action, act_slots = Composite(shape=()), []
+    for path, leaf in iter_leaves(env.action_spec()):
+        key = ("action", *key_of(path))
+        try:
+            spec, offset = leaf_to_spec(leaf)
+        except TypeError as exc:
+            raise TypeError(f"action {'.'.join(key)}: {exc}") from None
+        action[key] = spec
+        act_slots.append(Slot(path, key, offset, np.dtype(leaf.dtype)))
+
+    reward_dm = env.reward_spec()
+    if not isinstance(reward_dm, dm.Array):
+        raise TypeError(
+            f"this dm_env env's reward spec is {type(reward_dm).__name__}; only a single array reward is "
+            "supported (it becomes \"reward\" of shape [*shape, 1])."
+        )
+    reward = Composite(reward=Unbounded(shape=(*reward_dm.shape, 1), dtype=torch.float32), shape=())
+    return DmLayout(
+        observation=observation,
+        action=action,
+        reward=reward,
+        observation_slots=obs_slots,
+        action_slots=act_slots,
+        reward_slots=[Slot((REWARD,), ("reward",))],
+    )
+
+
+def done_flags(timestep: dm_env.TimeStep) -> tuple[bool, bool, bool]:
+    """``(done, terminated, truncated)``: LAST with discount 0 (or None) ends the episode for good
+    (terminated); LAST with a discount > 0 is a cut (truncated); FIRST and MID are neither."""
+    if not timestep.last():
+        return False, False, False
+    discount = timestep.discount
+    terminated = discount is None or not np.any(np.asarray(discount) != 0)
+    return True, terminated, not terminated
+
+
+def leaf_array(tree: dict, key: tuple) -> np.ndarray:
+    """The numpy array at ``key`` in a nested dict of arrays."""
+    for part in key:
+        tree = tree[part]
+    return tree
+
+
+class TimestepWriter:
+    """Writes a timestep's values, through ``slots``, into numpy arrays that live in ``tree``.
+
+    ``tree``: nested dict of numpy arrays (e.g. ``BufferViews.next_np``); ``index``: the leading indices of
+    the row to fill (``(i,)`` for env ``i`` of a buffer, ``()`` for an unbatched tensordict).
+    """
+
+    def __init__(self, slots: list[Slot], tree: dict, index: tuple = ()):
+        self._targets = []
+        for slot in slots:
+            where = index if slot.player is None else (*index, slot.player)
+            target = leaf_array(tree, slot.key)[(*where, Ellipsis)]
+            self._targets.append((slot.source, target, slot.offset))
+
+    def __call__(self, timestep: dm_env.TimeStep) -> None:
+        values = {OBSERVATION: timestep.observation, REWARD: timestep.reward}
+        for source, target, offset in self._targets:
+            value = values
+            for part in source:
+                value = value[part]
+            if value is None:  # the reward of a FIRST timestep
+                target[...] = 0
+            elif offset is None:
+                target[...] = np.reshape(value, target.shape)
+            else:
+                target[...] = np.reshape(value, target.shape) - offset
+
+
+class ActionReader:
+    """Reads the action for ``env.step`` from numpy arrays in ``tree`` (see :class:`TimestepWriter`)."""
+
+    def __init__(self, slots: list[Slot], tree: dict, index: tuple = ()):
+        self._sources = []
+        for slot in slots:
+            where = index if slot.player is None else (*index, slot.player)
+            source = leaf_array(tree, slot.key)[(*where, Ellipsis)]
+            self._sources.append((slot.source, source, slot.offset, slot.dtype))
+        self._single = len(slots) == 1 and slots[0].source == ()
+
+    def __call__(self):
+        if self._single:
+            _, array, offset, dtype = self._sources[0]
+            return _engine_value(array, offset, dtype)
+        action: dict = {}
+        for path, array, offset, dtype in self._sources:
+            node = action
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = _engine_value(array, offset, dtype)
+        return _lists_from_int_keys(action)
+
+
+def _engine_value(array: np.ndarray, offset, dtype) -> np.ndarray:
+    value = array if offset is None else array + offset
+    return np.array(value, dtype=dtype)
+
+
+def _lists_from_int_keys(node):
+    """Dict levels whose keys are the ints 0..n-1 (from list specs) become lists again."""
+    if not isinstance(node, dict):
+        return node
+    out = {key: _lists_from_int_keys(value) for key, value in node.items()}
+    if out and all(isinstance(k, int) for k in out) and sorted(out) == list(range(len(out))):
+        return [out[j] for j in range(len(out))]
+    return out
