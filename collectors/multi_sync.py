@@ -18,10 +18,13 @@ next batch (synchronous, on-policy collection).
 """
 from __future__ import annotations
 
+import warnings
+
 import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from envs.errors import WorkerError
 from envs.factories import PickledFactory, resolve_factories
 from envs.pool import WorkerChannel, WorkerPool, exit_if_bootstrapping, resolve_start_method
 
@@ -88,6 +91,10 @@ class MultiSyncCollector(CollectorBase):
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
         reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar: as in TorchRL.
         mp_start_method, timeout: as for :class:`~envs.ParallelEnv`.
+        max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
+            (opt-in; default 0). The replacement collects that worker's part of the batch again, its envs
+            start new episodes with new trajectory ids; a warning is issued and ``restarts`` counts them.
+            Past the limit (or without it) the error propagates and the collector is shut down.
     """
 
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
@@ -95,7 +102,7 @@ class MultiSyncCollector(CollectorBase):
                  policy_device=None, storing_device=None, split_trajs: bool = False,
                  reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
-                 mp_start_method: str | None = None, timeout: float = 300.0):
+                 mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0):
         exit_if_bootstrapping()
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
@@ -114,6 +121,7 @@ class MultiSyncCollector(CollectorBase):
         config = {"policy_device": policy_device or device, "reset_at_each_iter": reset_at_each_iter,
                   "max_frames_per_traj": max_frames_per_traj}
         self.num_workers = num_workers
+        self.max_restarts = int(max_restarts)
         self._pool = WorkerPool(
             run_collector_worker,
             [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
@@ -123,6 +131,7 @@ class MultiSyncCollector(CollectorBase):
         try:
             self.envs_per_worker = self._pool.receive_all("construction")
             steps = self.steps_per_batch(frames_per_batch, sum(self.envs_per_worker), "MultiSyncCollector")
+            self._steps = steps
             self._pool.send_all(("steps", steps))
             self._storages = self._pool.receive_all("start-up")
             _check_same_keys(self._storages)
@@ -131,8 +140,51 @@ class MultiSyncCollector(CollectorBase):
             raise
 
     def _collect(self, random: bool) -> TensorDictBase:
-        self._pool.run(COLLECT_RANDOM if random else COLLECT)
+        """Run one collection on every worker. A failed worker is replaced while ``max_restarts`` allows and
+        its share of the batch is collected again (the batch is always full); otherwise — and on Ctrl-C —
+        the collector shuts down before the error propagates."""
+        code = COLLECT_RANDOM if random else COLLECT
+        workers = list(range(self.num_workers))
+        while workers:
+            try:
+                self._pool.run(code, workers)
+                workers = []
+            except WorkerError as err:
+                failures = getattr(err, "failures", {err.worker: err})
+                if sum(self._pool.restarts) + len(failures) > self.max_restarts:
+                    self.shutdown()
+                    raise
+                workers = sorted(failures)
+                self._restart(failures)
+            except KeyboardInterrupt:
+                self.shutdown()
+                raise
         return torch.cat(self._storages, 0)
+
+    def _restart(self, failures: dict) -> None:
+        """Replace the failed workers; their envs start new episodes (and new trajectory ids)."""
+        try:
+            for w in sorted(failures):
+                warnings.warn(f"MultiSyncCollector: restarting worker {w} after: "
+                              f"{str(failures[w]).splitlines()[0]}", RuntimeWarning, stacklevel=5)
+                self._pool.restart(w)
+                n_envs = self._pool.receive(w, "construction")
+                if n_envs != self.envs_per_worker[w]:
+                    raise ValueError(f"MultiSyncCollector: restarted worker {w} has {n_envs} envs, "
+                                     f"not {self.envs_per_worker[w]} as before.")
+                self._pool.conns[w].send(("steps", self._steps))
+                self._storages[w] = self._pool.receive(w, "start-up")
+                if self._tracker is not None:
+                    first = sum(self.envs_per_worker[:w])
+                    self._tracker.restart(range(first, first + n_envs))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def restarts(self) -> list[int]:
+        """How many times each worker was replaced (see ``max_restarts``)."""
+        return list(self._pool.restarts)
 
     def set_seed(self, seed: int) -> None:
         """Env i (counted over all workers) gets ``seed + i``, worker w's torch RNG ``seed + first env of w``;

@@ -35,6 +35,15 @@ class TrajectoryTracker:
         self.next_id += int(new.sum())
         return self._episodes(batch, before, new, n, t)
 
+    def restart(self, rows) -> None:
+        """The envs in ``rows`` were rebuilt: their next steps belong to new trajectories, whose returns
+        and lengths count from zero."""
+        rows = torch.as_tensor(list(rows), dtype=torch.int64)
+        self.current[rows] = self.next_id + torch.arange(len(rows))
+        self.next_id += len(rows)
+        self.running_return[rows] = 0
+        self.running_length[rows] = 0
+
     def _episodes(self, batch, before, new, n, t) -> dict:
         reward = batch.get(("next", "reward"), None)
         if reward is None:

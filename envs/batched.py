@@ -175,7 +175,7 @@ class BatchedEnv(EnvBase):
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
         self._buffers = self._root = self._next = self._next_done = None
         self._action_slots = []
-        gc.collect()  # tensordict views form reference cycles; collect them so the memory goes now
+        gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 
     def __enter__(self):
         return self

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from .batched import BatchedEnv
-from .errors import SpecMismatchError, WorkerDiedError, WorkerTimeoutError
+from .errors import SpecMismatchError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from .factories import PickledFactory, resolve_factories
 from .pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from .shared import allocate_buffers
@@ -31,6 +32,10 @@ class ParallelEnv(BatchedEnv):
             The global start method is never read nor changed.
         timeout: seconds a worker may take for one command before :class:`~envs.errors.WorkerTimeoutError`.
         check_actions: check actions against ``action_spec`` (values too) before sending them.
+        max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
+            (opt-in; default 0). Its envs come back reset; in the step that failed they are marked
+            ``truncated`` (and ``done``) with the reset observation as ``("next", obs)`` and reward 0; the other
+            workers' data is untouched. A warning is issued and ``restarts`` counts them per worker.
 
     Errors from workers arrive as :class:`~envs.errors.EnvWorkerError` (an exception in an env),
     :class:`~envs.errors.WorkerDiedError` and :class:`~envs.errors.WorkerTimeoutError`; after the last two
@@ -47,6 +52,7 @@ class ParallelEnv(BatchedEnv):
         mp_start_method: str | None = None,
         timeout: float = 120.0,
         check_actions: bool = True,
+        max_restarts: int = 0,
     ):
         exit_if_bootstrapping()
         factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, "ParallelEnv", "num_workers")
@@ -58,6 +64,7 @@ class ParallelEnv(BatchedEnv):
         self.envs_per_worker = envs_per_worker
         self.start_method = method
         self.timeout = float(timeout)
+        self.max_restarts = int(max_restarts)
         num_envs = num_workers * envs_per_worker
         self._pool = WorkerPool(
             run_worker,
@@ -66,24 +73,27 @@ class ParallelEnv(BatchedEnv):
         )
         try:
             specs = self._check_specs([pickle.loads(p) for p in self._pool.receive_all("construction")])
-            buffers = allocate_buffers(specs, num_envs, shared=True)
+            self._buffers_shared = allocate_buffers(specs, num_envs, shared=True)
             self._reset_tensor = torch.zeros(num_envs, dtype=torch.bool).share_memory_()
             self._reset_mask = self._reset_tensor.numpy()
-            self._pool.send_all(("buffers", buffers, self._reset_tensor))
+            self._pool.send_all(("buffers", self._buffers_shared, self._reset_tensor))
             self._pool.receive_all("start-up")
         except BaseException:
             self._pool.stop()
             raise
-        super().__init__(specs, num_envs, buffers, check_actions=check_actions)
+        self._specs = specs
+        super().__init__(specs, num_envs, self._buffers_shared, check_actions=check_actions)
 
     @staticmethod
-    def _check_specs(specs):
+    def _check_specs(specs, workers=None):
+        """``specs[0]`` if every worker's specs equal it, else a SpecMismatchError naming the keys."""
+        workers = list(range(len(specs))) if workers is None else workers
         reference = specs[0].as_composite()
-        for w, other in enumerate(specs[1:], start=1):
+        for w, other in zip(workers[1:], specs[1:]):
             diffs = spec_differences(reference, other.as_composite())
             if diffs:
                 raise SpecMismatchError(
-                    f"worker {w}'s envs have other specs than worker 0's: {'; '.join(diffs)}. "
+                    f"worker {w}'s envs have other specs than worker {workers[0]}'s: {'; '.join(diffs)}. "
                     "All constructors of one ParallelEnv must build envs with the same specs."
                 )
         return specs[0]
@@ -102,16 +112,62 @@ class ParallelEnv(BatchedEnv):
         self._run(self._pool.call, "set_seeds", [(seeds[w * k : (w + 1) * k],) for w in range(self.num_workers)])
 
     def _run(self, fn, *args):
-        """Run a pool command; when a worker died or timed out (the pool then stopped), close this env too."""
+        """Run a pool command. A failed worker is replaced while ``max_restarts`` allows (then the command's
+        result stands, see the class docstring); otherwise, when a worker died or hung, or on Ctrl-C, this
+        env is closed before the error propagates."""
         try:
             return fn(*args)
-        except (WorkerDiedError, WorkerTimeoutError):
+        except WorkerError as err:
+            failures = getattr(err, "failures", {err.worker: err})
+            if self.is_closed or sum(self._pool.restarts) + len(failures) > self.max_restarts:
+                if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in failures.values()):
+                    self.close()
+                raise
+            self._restart(failures, stepping=fn == self._pool.run and args[0] == STEP)
+        except KeyboardInterrupt:
             self.close()
             raise
 
+    def _restart(self, failures: dict, stepping: bool) -> None:
+        """Replace the failed workers, reset their envs and, when a step failed, write that step's "next"
+        for them: the reset observation, reward 0, truncated and done. On any error here the env closes."""
+        workers = sorted(failures)
+        try:
+            for w in workers:
+                warnings.warn(f"ParallelEnv: restarting worker {w} after: {str(failures[w]).splitlines()[0]}",
+                              RuntimeWarning, stacklevel=5)
+                self._pool.restart(w)
+                self._check_specs([self._specs, pickle.loads(self._pool.receive(w, "construction"))], [0, w])
+                self._pool.conns[w].send(("buffers", self._buffers_shared, self._reset_tensor))
+                self._pool.receive(w, "start-up")
+            k = self.envs_per_worker
+            self._reset_mask[:] = False
+            for w in workers:
+                self._reset_mask[w * k : (w + 1) * k] = True
+            self._pool.run(RESET, workers)
+        except BaseException:
+            self.close()
+            raise
+        if stepping:
+            self._write_restarted_step(torch.as_tensor(self._reset_mask))
+
+    def _write_restarted_step(self, rows: torch.Tensor) -> None:
+        for key in self.full_observation_spec.keys(True, True):
+            self._next.get(key)[rows] = self._root.get(key)[rows]
+        for key in self.reward_keys:
+            self._next.get(key)[rows] = 0
+        for key in self.done_keys:
+            name = key if isinstance(key, str) else key[-1]
+            self._next.get(key)[rows] = name != "terminated"
+
+    @property
+    def restarts(self) -> list[int]:
+        """How many times each worker was replaced (see ``max_restarts``)."""
+        return list(self._pool.restarts)
+
     def _shutdown(self) -> None:
         self._pool.stop()
-        self._reset_tensor = self._reset_mask = None
+        self._reset_tensor = self._reset_mask = self._buffers_shared = None
 
     @property
     def worker_pids(self) -> list[int]:

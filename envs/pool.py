@@ -84,23 +84,41 @@ class WorkerPool:
         self._status_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
         self._command = self._command_tensor.numpy()
         self._status = self._status_tensor.numpy()
-        self._wake = [context.Semaphore(0) for _ in range(num_workers)]
-        self._done = [context.Semaphore(0) for _ in range(num_workers)]
-        self.procs, self.conns = [], []
+        self._context, self._target, self._args = context, target, args
+        self._wake, self._done = [None] * num_workers, [None] * num_workers
+        self.procs, self.conns = [None] * num_workers, [None] * num_workers
+        self.restarts = [0] * num_workers
         try:
             for w in range(num_workers):
-                parent_conn, child_conn = context.Pipe()
-                channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w],
-                                        self._command_tensor, self._status_tensor)
-                proc = context.Process(target=target, args=(channel, *args[w]),
-                                       name=f"{owner}-worker-{w}", daemon=False)
-                proc.start()
-                child_conn.close()
-                self.procs.append(proc)
-                self.conns.append(parent_conn)
+                self._start_worker(w)
         except BaseException:
             self.stop()
             raise
+
+    def _start_worker(self, w: int) -> None:
+        context = self._context
+        self._wake[w], self._done[w] = context.Semaphore(0), context.Semaphore(0)
+        parent_conn, child_conn = context.Pipe()
+        channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w],
+                                self._command_tensor, self._status_tensor)
+        proc = context.Process(target=self._target, args=(channel, *self._args[w]),
+                               name=f"{self.owner}-worker-{w}", daemon=False)
+        self.procs[w], self.conns[w] = proc, parent_conn
+        proc.start()
+        child_conn.close()
+
+    def restart(self, w: int) -> None:
+        """Replace worker ``w`` by a fresh process running the same target and arguments (the caller
+        repeats its start-up exchange with it)."""
+        old, conn = self.procs[w], self.conns[w]
+        if old.exitcode is None:
+            old.kill()
+        old.join(5.0)
+        old.close()
+        conn.close()
+        self._status[w] = OK
+        self._start_worker(w)
+        self.restarts[w] += 1
 
     @property
     def num_workers(self) -> int:
@@ -109,7 +127,7 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
-        return [p.pid for p in self.procs if p.exitcode is None]
+        return [p.pid for p in self.procs if p is not None and p.exitcode is None]
 
     # ----------------------------------------------------------------- pipe messages
     def send_all(self, message) -> None:
@@ -117,24 +135,27 @@ class WorkerPool:
             conn.send(message)
 
     def receive_all(self, during: str) -> list:
-        """One ``(kind, value)`` message per worker, with liveness checks and the timeout; a ``("error",
-        report)`` message becomes an :class:`~envs.errors.EnvWorkerError`. Returns the values."""
+        """One message value per worker (see :meth:`receive`), in worker order."""
+        return [self.receive(w, during) for w in range(self.num_workers)]
+
+    def receive(self, w: int, during: str):
+        """The value of worker ``w``'s next ``(kind, value)`` message, waiting with liveness checks and the
+        timeout; ``("error", report)`` becomes an :class:`~envs.errors.EnvWorkerError`, a dead worker a
+        :class:`~envs.errors.WorkerDiedError` (or :class:`~envs.errors.MissingMainGuardError`)."""
         deadline = time.monotonic() + self.timeout
-        values = []
-        for w, conn in enumerate(self.conns):
-            while not conn.poll(self._poll_s):
-                self._check_alive(w, during, deadline)
-            try:
-                kind, value = conn.recv()
-            except EOFError:
-                kind, value = "eof", None
-            if kind == "eof":
-                self.procs[w].join(1.0)
-                self._raise_dead(w, during)
-            if kind == "error":
-                raise worker_error(w, value)
-            values.append(value)
-        return values
+        conn = self.conns[w]
+        while not conn.poll(self._poll_s):
+            failure = self._liveness_failure(w, during, deadline)
+            if failure is not None:
+                raise failure
+        try:
+            kind, value = conn.recv()
+        except EOFError:
+            self.procs[w].join(1.0)
+            raise self._death(w, during) from None
+        if kind == "error":
+            raise worker_error(w, value)
+        return value
 
     # ----------------------------------------------------------------- commands
     def run(self, code: int, workers=None) -> None:
@@ -155,60 +176,73 @@ class WorkerPool:
         return [conn.recv()[1] for conn in self.conns]
 
     def wait(self, workers, code: int) -> None:
-        """Wait until every worker in ``workers`` posted ``done``; raise what failed."""
+        """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
+        in its ``failures`` attribute (``{worker: exception}``). A worker that died or timed out (it is
+        killed) is a failure too; the other workers are left as they are — the caller decides."""
         during = self.command_names.get(code, f"command {code}")
         deadline = None
+        failures = {}
         for w in workers:
             done = self._done[w]
             while not done.acquire(timeout=self._poll_s):
                 deadline = deadline or time.monotonic() + self.timeout - self._poll_s
-                self._check_alive(w, during, deadline)
-        if self._status.any():
-            failed = np.flatnonzero(self._status).tolist()
-            errors = [worker_error(w, self.conns[w].recv()[1]) for w in failed]
-            self._status[:] = OK
+                failure = self._liveness_failure(w, during, deadline)
+                if failure is not None:
+                    failures[w] = failure
+                    break
+        for w in np.flatnonzero(self._status).tolist():
+            if w not in failures:
+                failures[w] = worker_error(w, self.conns[w].recv()[1])
+        self._status[:] = OK
+        if failures:
             if code == CALL:
-                for w in set(workers) - set(failed):
+                for w in set(workers) - set(failures):
                     self.conns[w].recv()
-            raise errors[0]
+            first = failures[min(failures)]
+            first.failures = failures
+            raise first
 
-    def _check_alive(self, w: int, during: str, deadline: float) -> None:
+    def _liveness_failure(self, w: int, during: str, deadline: float):
+        """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then
+        killed), or None while it may still answer."""
         if self.procs[w].exitcode is not None:
-            self._raise_dead(w, during)
+            return self._death(w, during)
         if time.monotonic() > deadline:
-            self.stop()
-            raise WorkerTimeoutError(w, self.timeout, during)
+            self.procs[w].kill()
+            self.procs[w].join(5.0)
+            return WorkerTimeoutError(w, self.timeout, during)
+        return None
 
-    def _raise_dead(self, w: int, during: str):
+    def _death(self, w: int, during: str) -> Exception:
         proc = self.procs[w]
-        pid, exitcode = proc.pid, proc.exitcode
-        self.stop()
-        if exitcode == MISSING_GUARD_EXIT:
-            raise MissingMainGuardError(_GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
-        raise WorkerDiedError(w, pid, exitcode, during)
+        if proc.exitcode == MISSING_GUARD_EXIT:
+            return MissingMainGuardError(_GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
+        return WorkerDiedError(w, proc.pid, proc.exitcode, during)
 
     # ----------------------------------------------------------------- closing
     @property
     def stopped(self) -> bool:
-        return not self.procs and not self.conns
+        return not any(p is not None for p in self.procs)
 
     def stop(self) -> None:
         """Ask every live worker to close, wait up to 2 s, then kill what is left; idempotent."""
-        procs, self.procs = self.procs, []
+        procs = self.procs
+        self.procs = [None] * len(procs)
         for w, proc in enumerate(procs):
-            if proc.exitcode is None:
+            if proc is not None and proc.exitcode is None:
                 self._command[w] = CLOSE
                 self._wake[w].release()
         deadline = time.monotonic() + 2.0
-        for proc in procs:
+        for proc in filter(None, procs):
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
                 proc.kill()
                 proc.join(5.0)
             proc.close()
         for conn in self.conns:
-            conn.close()
-        self.conns = []
+            if conn is not None:
+                conn.close()
+        self.conns = [None] * len(self.conns)
 
 
 def worker_error(w: int, report: dict) -> EnvWorkerError:
@@ -229,8 +263,10 @@ class WorkerChannel:
         self.command_tensor, self.status_tensor = command, status
 
     def start(self) -> None:
-        """First thing in a worker: die with the main process; one thread (the cores are the workers')."""
+        """First thing in a worker: die with the main process; leave Ctrl-C to the main process (which
+        shuts the workers down); one thread (the cores are the workers')."""
         _die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
 
     def fail_start(self, exc: BaseException, during: str = "construction") -> None:

@@ -21,6 +21,32 @@ def live_children() -> list[psutil.Process]:
     return out
 
 
+_OUR_SEMAPHORES: set[str] = set()
+
+
+def _track_semaphores() -> None:
+    """Remember the named semaphores this process registers, so that /dev/shm entries made by unrelated
+    processes on the same machine are not mistaken for our leaks."""
+    from multiprocessing import resource_tracker
+
+    register, unregister = resource_tracker.register, resource_tracker.unregister
+
+    def tracked_register(name, rtype):
+        if rtype == "semaphore":
+            _OUR_SEMAPHORES.add("sem." + name.lstrip("/"))
+        return register(name, rtype)
+
+    def tracked_unregister(name, rtype):
+        if rtype == "semaphore":
+            _OUR_SEMAPHORES.discard("sem." + name.lstrip("/"))
+        return unregister(name, rtype)
+
+    resource_tracker.register, resource_tracker.unregister = tracked_register, tracked_unregister
+
+
+_track_semaphores()
+
+
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
@@ -37,6 +63,6 @@ def no_leaks():
     left = [p for p in live_children() if p.pid not in before_children]
     psutil.wait_procs(left, timeout=3)
     left = [p for p in live_children() if p.pid not in before_children]
-    new_shm = shm_entries() - before_shm
+    new_shm = {e for e in shm_entries() - before_shm if not e.startswith("sem.") or e in _OUR_SEMAPHORES}
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     assert not new_shm, f"/dev/shm entries left behind: {sorted(new_shm)}"

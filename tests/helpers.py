@@ -116,3 +116,123 @@ class OtherShapeEnv(CountingEnv):
     def __init__(self):
         super().__init__()
         self.observation_space = spaces.Box(-np.inf, np.inf, (5,), np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A dm_env engine that allows one live instance per process (like some native engines). dm_env comes with
+# the test extra (through dmlab2d); without it the class is not defined and the tests that need it skip.
+try:
+    import dm_env
+    from dm_env import specs as dm_specs
+except ImportError:  # pragma: no cover - the test extra installs it
+    dm_env = None
+
+_LIVE_ENGINES = 0
+
+
+if dm_env is not None:
+
+    class OnePerProcessEngine(dm_env.Environment):
+        """A ``dm_env.Environment`` that refuses a second live instance in the same process.
+
+        Observations: ``"pid"`` int64 ``()``, ``"state"`` float32 ``(2,)`` = [steps so far, last turn], and
+        ``"flags"`` = ``{"even": bool ()}`` (steps so far is even). Action: ``{"turn": int32 in [-1, 1],
+        "boost": float32 in [0, 1]}``. Reward: the turn. Episodes last ``episode_len`` steps and end with
+        discount 0 (terminated), or 1 when ``truncate`` (truncated).
+        """
+
+        def __init__(self, episode_len: int = 4, truncate: bool = False):
+            global _LIVE_ENGINES
+            if _LIVE_ENGINES:
+                raise RuntimeError(
+                    f"OnePerProcessEngine: process {os.getpid()} already has a live instance; this engine "
+                    "allows one per process."
+                )
+            _LIVE_ENGINES += 1
+            self._live = True
+            self.episode_len, self.truncate = episode_len, truncate
+            self.count, self.turn = 0, 0
+
+        def _observation(self):
+            return {
+                "pid": np.int64(os.getpid()),
+                "state": np.array([self.count, self.turn], np.float32),
+                "flags": {"even": np.bool_(self.count % 2 == 0)},
+            }
+
+        def reset(self):
+            self.count, self.turn = 0, 0
+            return dm_env.restart(self._observation())
+
+        def step(self, action):
+            assert action["turn"].dtype == np.int32 and -1 <= action["turn"] <= 1, action
+            self.count += 1
+            self.turn = int(action["turn"])
+            obs, reward = self._observation(), float(self.turn)
+            if self.count < self.episode_len:
+                return dm_env.transition(reward, obs)
+            if self.truncate:
+                return dm_env.truncation(reward, obs)
+            return dm_env.termination(reward, obs)
+
+        def observation_spec(self):
+            return {
+                "pid": dm_specs.Array((), np.int64, "pid"),
+                "state": dm_specs.Array((2,), np.float32, "state"),
+                "flags": {"even": dm_specs.Array((), np.bool_, "even")},
+            }
+
+        def action_spec(self):
+            return {
+                "turn": dm_specs.BoundedArray((), np.int32, -1, 1, "turn"),
+                "boost": dm_specs.BoundedArray((), np.float32, 0.0, 1.0, "boost"),
+            }
+
+        def close(self):
+            global _LIVE_ENGINES
+            if self._live:
+                self._live = False
+                _LIVE_ENGINES -= 1
+
+
+class CrashOnceEnv(CountingEnv):
+    """Dies (``how``: "kill" = SIGKILL, "abort" = ``os.abort()``, "segfault" = a NULL read through ctypes,
+    "raise" = ValueError) at step ``at_step`` — once: the first crash creates ``marker``, later instances
+    (a restarted worker's) step normally. ``marker=None`` crashes every time."""
+
+    def __init__(self, marker: str | None, how: str = "kill", at_step: int = 3):
+        super().__init__(episode_len=100)
+        self.marker, self.how, self.at_step = marker, how, at_step
+
+    def step(self, action):
+        if self.count + 1 == self.at_step and not (self.marker and os.path.exists(self.marker)):
+            if self.marker:
+                open(self.marker, "w").close()
+            crash(self.how)
+        return super().step(action)
+
+
+def crash(how: str) -> None:
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "abort":
+        os.abort()
+    elif how == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    elif how == "raise":
+        raise ValueError("crash on purpose")
+    raise AssertionError(f"unknown crash {how!r}")
+
+
+class SlowEnv(CountingEnv):
+    """Each step sleeps ``delay`` seconds (for interrupting a long rollout)."""
+
+    def __init__(self, delay: float = 0.05):
+        super().__init__(episode_len=1000)
+        self.delay = delay
+
+    def step(self, action):
+        time.sleep(self.delay)
+        return super().step(action)
