@@ -1,10 +1,13 @@
 """What a collector accepts as an env, turned into a batched TorchRL env with one batch dimension."""
 from __future__ import annotations
 
+import cloudpickle
 import gymnasium as gym
 from torchrl.envs import EnvBase
 
 from envs import SerialEnv
+
+from .policies import make_policy, policy_module
 
 
 def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
@@ -25,3 +28,20 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
             f"{owner}: the env factory returned {type(env).__name__}; return a gymnasium env or a TorchRL env."
         )
     return env, owned
+
+
+def build_worker(factory, policy_payload: bytes | None, policy_device, owner: str):
+    """What every remote collector worker (a MultiSyncCollector process, a RayCollector actor) builds first:
+    its env (from ``factory``, as :func:`make_batched_env`), and its policy copy (``policy_payload``: the
+    user's policy, cloudpickled; ``None``: random actions). Returns ``(env, policy, module)``: ``policy`` is
+    the per-step callable of :func:`~collectors.policies.make_policy`, ``module`` the user's ``nn.Module``
+    holding the weights (or ``None``). On failure the env is closed before the error propagates."""
+    env, _ = make_batched_env(factory, owner)
+    try:
+        user_policy = cloudpickle.loads(policy_payload) if policy_payload is not None else None
+        policy = make_policy(user_policy, env.full_action_spec, policy_device)
+        module = policy_module(user_policy)  # the user's module, as the shared weights were taken from it
+    except BaseException:
+        env.close()
+        raise
+    return env, policy, module

@@ -29,9 +29,9 @@ from envs.factories import PickledFactory, resolve_factories
 from envs.pool import WorkerChannel, WorkerPool, exit_if_bootstrapping, resolve_start_method
 
 from .base import CollectorBase
-from .env_setup import make_batched_env
+from .env_setup import build_worker
 from .loop import BatchLoop
-from .policies import make_policy, policy_module
+from .policies import policy_module
 from .single import _check_env_device
 from .weights import SharedWeights
 
@@ -43,10 +43,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     channel.start()
     env = None
     try:
-        env, _ = make_batched_env(factory, "MultiSyncCollector")
-        user_policy = cloudpickle.loads(policy_payload) if policy_payload is not None else None
-        policy = make_policy(user_policy, env.full_action_spec, config["policy_device"])
-        module = policy_module(user_policy)  # the user's module, as the shared weights were taken from it
+        env, policy, module = build_worker(factory, policy_payload, config["policy_device"], "MultiSyncCollector")
         on_cpu = config["policy_device"] is None or torch.device(config["policy_device"]).type == "cpu"
         if weights is not None and on_cpu:
             weights.bind(module)
@@ -57,7 +54,10 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
         channel.fail_start(exc)
     try:
         channel.conn.send(("envs", env.batch_size.numel()))
-        kind, steps = channel.conn.recv()
+        message = channel.receive()
+        if message is None:
+            return
+        _, steps = message
         loop = BatchLoop(env, policy, steps, shared=True, reset_at_each_iter=config["reset_at_each_iter"],
                          max_frames_per_traj=config["max_frames_per_traj"])
         channel.conn.send(("storage", loop.storage))
@@ -73,7 +73,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
 
         channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)}, loop,
                       COMMAND_NAMES)
-    except EOFError:
+    except (EOFError, BrokenPipeError, ConnectionResetError):
         pass
     finally:
         env.close()

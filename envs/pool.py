@@ -232,6 +232,10 @@ class WorkerPool:
             if proc is not None and proc.exitcode is None:
                 self._command[w] = CLOSE
                 self._wake[w].release()
+        for conn in self.conns:  # a worker still in its start-up exchange sees EOF and leaves
+            if conn is not None:
+                conn.close()
+        self.conns = [None] * len(self.conns)
         deadline = time.monotonic() + 2.0
         for proc in filter(None, procs):
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -239,10 +243,6 @@ class WorkerPool:
                 proc.kill()
                 proc.join(5.0)
             proc.close()
-        for conn in self.conns:
-            if conn is not None:
-                conn.close()
-        self.conns = [None] * len(self.conns)
 
 
 def worker_error(w: int, report: dict) -> EnvWorkerError:
@@ -268,6 +268,15 @@ class WorkerChannel:
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
+
+    def receive(self):
+        """The next start-up message from the main process, or None when the pool is stopping or the main
+        process is gone (a forked worker holds a copy of the pipe's other end, so it would see no EOF)."""
+        command = self.command_tensor.numpy()
+        while not self.conn.poll(0.05):
+            if command[self.index] == CLOSE or not _main_process_alive():
+                return None
+        return self.conn.recv()
 
     def fail_start(self, exc: BaseException, during: str = "construction") -> None:
         """Report a start-up failure and exit the worker."""

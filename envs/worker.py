@@ -56,8 +56,8 @@ def run_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env:
     # plain pickle, by value: the multiprocessing pickler would put every spec tensor in shared memory
     channel.conn.send(("specs", pickle.dumps(group.specs)))
     try:
-        message = channel.conn.recv()
-        if message[0] != "buffers":
+        message = channel.receive()
+        if message is None or message[0] != "buffers":
             return
         _, buffers, reset_mask = message
         rows = slice(first_env, first_env + envs_per_worker)
@@ -65,7 +65,7 @@ def run_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env:
         mask = reset_mask[rows].numpy()
         channel.conn.send(("ready", os.getpid()))
         channel.serve({STEP: group.step, RESET: lambda: group.reset(mask)}, group, COMMAND_NAMES)
-    except EOFError:
+    except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away during start-up
     finally:
         group.close()
