@@ -1,0 +1,199 @@
+"""Reporting helpers: markdown tables, throughput plots, start-up probes.
+
+* :func:`markdown_table` - one row per result, with the ratio to the
+  ``serial`` reference of the same workload and ``num_envs``.
+* :func:`plot_throughput` - PNG of env steps/s against worker count, one
+  line per system, one subplot per (workload, envs per worker).
+* :func:`measure_startup` - start-up time of any vec-env / collector and
+  the resident memory of the worker processes it spawned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+REFERENCE = "serial"
+#: Helper processes of ``multiprocessing`` that are not env workers.
+_HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver")
+
+
+# ------------------------------------------------------------------ tables
+def _reference_rates(results: list[dict]) -> dict[tuple, float]:
+    return {(r["workload"], r["num_envs"]): r["steps_per_s"]
+            for r in results
+            if r.get("system") == REFERENCE and "steps_per_s" in r}
+
+
+def _sort_key(r: dict):
+    return (r["workload"], r.get("config_envs_per_worker", 0),
+            r.get("config_workers", 0), r["num_envs"], r["system"])
+
+
+def markdown_table(results: list[dict]) -> str:
+    """Markdown table of throughput and speed-up over ``serial``.
+
+    ``workers``/``envs/worker`` are the requested configuration;
+    ``procs`` is the number of worker processes the system really used
+    (one per env for ``gym_async`` and ``sb3_subproc``, 0 for ``serial``).
+    """
+    refs = _reference_rates(results)
+    lines = [
+        "| workload | system | workers | envs/worker | num_envs | procs "
+        "| steps/s | vs serial |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted((r for r in results if "steps_per_s" in r), key=_sort_key):
+        ref = refs.get((r["workload"], r["num_envs"]))
+        ratio = f"{r['steps_per_s'] / ref:.2f}" if ref else "-"
+        lines.append(
+            f"| {r['workload']} | {r['system']} "
+            f"| {r.get('config_workers', r['num_workers'])} "
+            f"| {r.get('config_envs_per_worker', r['envs_per_worker'])} "
+            f"| {r['num_envs']} | {r.get('processes', r['num_workers'])} "
+            f"| {r['steps_per_s']:,.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def startup_table(records: list[dict]) -> str:
+    """Markdown table of :func:`measure_startup` records."""
+    lines = [
+        "| workload | system | num_envs | procs | startup s "
+        "| worker RSS MB (sum) | worker USS MB (sum) | per worker RSS MB "
+        "| leftover |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in sorted(records, key=lambda r: (r["workload"], r["num_envs"],
+                                            r["system"])):
+        per = ", ".join(f"{m:.0f}" for m in r["worker_rss_mb"])
+        lines.append(
+            f"| {r['workload']} | {r['system']} | {r['num_envs']} "
+            f"| {len(r['worker_rss_mb'])} | {r['startup_s']:.2f} "
+            f"| {sum(r['worker_rss_mb']):.0f} "
+            f"| {sum(r.get('worker_uss_mb', [])):.0f} | {per} "
+            f"| {r.get('leftover_workers', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------- plot
+def plot_throughput(results: list[dict], path: str | Path) -> Path:
+    """Save env steps/s vs requested workers (log y) as a PNG at ``path``.
+
+    Rows are workloads, columns envs per worker; ``serial`` is drawn at the
+    ``num_envs`` each configuration implies.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if "steps_per_s" in r and "config_workers" in r]
+    workloads = sorted({r["workload"] for r in rows})
+    epws = sorted({r["config_envs_per_worker"] for r in rows})
+    fig, axes = plt.subplots(
+        max(1, len(workloads)), max(1, len(epws)), squeeze=False,
+        figsize=(4.2 * max(1, len(epws)), 3.2 * max(1, len(workloads))),
+    )
+    for i, workload in enumerate(workloads):
+        for j, epw in enumerate(epws):
+            ax = axes[i][j]
+            lines = defaultdict(list)
+            for r in rows:
+                if r["workload"] == workload and r["config_envs_per_worker"] == epw:
+                    lines[r["system"]].append((r["config_workers"],
+                                               r["steps_per_s"]))
+            for system, points in sorted(lines.items()):
+                xs, ys = zip(*sorted(points))
+                style = "ks--" if system == REFERENCE else "o-"
+                ax.plot(xs, ys, style, label=system)
+            ax.set_xticks(sorted({r["config_workers"] for r in rows}))
+            ax.set_yscale("log")
+            ax.set_title(f"{workload}, {epw} env(s)/worker", fontsize=9)
+            ax.set_xlabel("workers")
+            ax.set_ylabel("env steps/s")
+            ax.grid(True, which="both", alpha=0.3)
+    legend = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    labels, handles = list(legend), list(legend.values())
+    if handles:
+        fig.legend(handles, labels, loc="lower center",
+                   ncol=min(4, len(labels)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------- startup
+def _is_helper(proc: psutil.Process) -> bool:
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return True
+    return any(marker in cmdline for marker in _HELPER_MARKERS)
+
+
+def _default_close(obj: Any) -> None:
+    # Look the method up on the type: instance attribute lookups can be
+    # forwarded to worker processes by some batched envs.
+    for name in ("shutdown", "close"):
+        method = getattr(type(obj), name, None)
+        if callable(method):
+            method(obj)
+            return
+
+
+def measure_startup(constructor: Callable[[], Any],
+                    first_use: Callable[[Any], Any] | None = None,
+                    close: Callable[[Any], None] | None = None) -> dict:
+    """Time ``constructor()`` (+ ``first_use(obj)``) and probe worker memory.
+
+    Args:
+        constructor: builds the vec-env / collector.
+        first_use: optional call that makes lazily started workers exist
+            (e.g. ``reset``); its time counts as start-up.
+        close: how to release the object; defaults to the type's
+            ``shutdown`` or ``close`` method.
+
+    Returns:
+        ``{"startup_s", "worker_rss_mb", "worker_uss_mb",
+        "leftover_workers"}``: seconds until ready; resident set size (MB)
+        of each new descendant process (multiprocessing helper processes
+        excluded) - RSS counts pages shared with the parent after ``fork``,
+        so the unique set size (USS) is given too; and the number of those
+        processes still alive after closing (should be 0).
+    """
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    start = time.perf_counter()
+    obj = constructor()
+    try:
+        if first_use is not None:
+            first_use(obj)
+        startup = time.perf_counter() - start
+        workers, rss, uss = [], [], []
+        for proc in me.children(recursive=True):
+            if proc.pid in before or _is_helper(proc):
+                continue
+            try:
+                info = proc.memory_full_info()
+            except psutil.Error:
+                continue
+            rss.append(info.rss / 2**20)
+            uss.append(info.uss / 2**20)
+            workers.append(proc)
+    finally:
+        (close or _default_close)(obj)
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    return {"startup_s": startup, "worker_rss_mb": rss, "worker_uss_mb": uss,
+            "leftover_workers": len(alive)}

@@ -1,0 +1,226 @@
+"""Benchmark runners for TorchRL-style (TensorDict based) batched envs.
+
+The same code times both the TorchRL anchor and this project's own
+``envs``/``collectors`` packages: each run takes a :class:`Backend`, a
+record of the callables a library offers.  Factories handed to worker
+processes must pickle under the library's start method, so backends build
+them as ``functools.partial`` objects over module-level functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .workloads import WORKLOADS
+
+#: Upper bound on the memory one ``rollout`` chunk may stack (bytes).
+ROLLOUT_CHUNK_BYTES = 256 * 2**20
+#: Frames gathered by the collector per batch (summed over all workers).
+FRAMES_PER_BATCH = 2048
+WARMUP_STEPS = 10
+#: Timed loops repeat their ``steps`` until at least this long has elapsed,
+#: so very fast systems are not timed over a few milliseconds.
+MIN_TIMED_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How one TorchRL-style library builds what a benchmark needs.
+
+    Attributes:
+        name: prefix of the system names (``<name>_parallel`` ...).
+        make_parallel: ``(workload, num_workers, envs_per_worker) -> env``,
+            a batched env of ``num_workers`` worker processes.
+        worker_env_factory: ``(workload, envs_per_worker) -> factory``, a
+            picklable zero-argument callable building the env one collector
+            worker owns.
+        multi_sync_collector: the synchronous multi-process collector class.
+        step_mdp: moves a step's ``"next"`` entries to the root.
+    """
+
+    name: str
+    make_parallel: Callable
+    worker_env_factory: Callable
+    multi_sync_collector: Any
+    step_mdp: Callable
+
+
+def split_envs(num_envs: int, num_workers: int) -> int:
+    """Envs per worker; ``num_envs`` must divide evenly among workers."""
+    if num_workers < 1 or num_envs % num_workers:
+        raise ValueError(f"num_envs={num_envs} is not a multiple of "
+                         f"num_workers={num_workers}")
+    return num_envs // num_workers
+
+
+def obs_nbytes(workload: str) -> int:
+    """Bytes of one observation of ``workload``."""
+    space = WORKLOADS[workload]().observation_space
+    return int(np.prod(space.shape)) * space.dtype.itemsize
+
+
+@contextlib.contextmanager
+def preserve_torch_threads():
+    """Restore ``torch``'s intra-op thread count after the block.
+
+    TorchRL's batched envs and collectors change the parent's thread count
+    while they run; this keeps one benchmark from skewing the next.
+    """
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def result(system, workload, num_envs, num_workers, envs_per_worker, steps,
+           env_steps, seconds, **extra) -> dict:
+    """Build the standard result record shared by every system.
+
+    ``steps`` counts batched steps, ``env_steps`` single-env transitions;
+    ``steps_per_s`` is env steps per second of timed wall clock.
+    """
+    record = {
+        "system": system,
+        "workload": workload,
+        "num_workers": num_workers,
+        "envs_per_worker": envs_per_worker,
+        "num_envs": num_envs,
+        "steps": steps,
+        "env_steps": env_steps,
+        "seconds": seconds,
+        "steps_per_s": env_steps / seconds,
+    }
+    record.update(extra)
+    return record
+
+
+# -------------------------------------------------------------- parallel env
+def run_parallel(backend: Backend, workload: str, num_envs: int,
+                 num_workers: int, steps: int) -> dict:
+    """Time ``env.rollout`` with random actions on a parallel env.
+
+    Each worker holds ``num_envs // num_workers`` envs.  Long rollouts of
+    big observations are cut into chunks (each continued from the last one
+    with ``step_mdp``) so the stacked output stays under
+    :data:`ROLLOUT_CHUNK_BYTES`; for vector workloads it is one chunk.
+    At least ``steps`` batched steps are timed, more if needed to fill
+    :data:`MIN_TIMED_SECONDS`.
+    """
+    envs_per_worker = split_envs(num_envs, num_workers)
+    per_step = max(1, 2 * num_envs * obs_nbytes(workload))
+    chunk = max(1, min(steps, ROLLOUT_CHUNK_BYTES // per_step))
+    with preserve_torch_threads():
+        env = backend.make_parallel(workload, num_workers, envs_per_worker)
+        try:
+            env.set_seed(0)
+            td = env.reset()
+            warm = env.rollout(WARMUP_STEPS, break_when_any_done=False,
+                               auto_reset=False, tensordict=td)
+            td = backend.step_mdp(warm[..., -1])
+            done, seconds = 0, 0.0
+            start = time.perf_counter()
+            while done < steps or seconds < MIN_TIMED_SECONDS:
+                n = min(chunk, steps - done % steps)
+                out = env.rollout(n, break_when_any_done=False,
+                                  auto_reset=False, tensordict=td)
+                td = backend.step_mdp(out[..., -1])
+                done += n
+                seconds = time.perf_counter() - start
+        finally:
+            env.close()
+    return result(f"{backend.name}_parallel", workload, num_envs, num_workers,
+                  envs_per_worker, done, done * num_envs, seconds,
+                  processes=num_workers, rollout_chunk=chunk)
+
+
+# ----------------------------------------------------------------- collector
+class MLPActor(nn.Module):
+    """2x64 tanh MLP sampling a categorical action from the observation.
+
+    Works for vector and image observations alike: the trailing
+    ``len(obs_shape)`` dims are flattened, ``uint8`` inputs are scaled to
+    [0, 1], and leading batch dims are kept.
+    """
+
+    def __init__(self, obs_shape, n_actions: int, hidden: int = 64):
+        super().__init__()
+        self.obs_ndim = len(obs_shape)
+        self.net = nn.Sequential(
+            nn.Linear(int(math.prod(obs_shape)), hidden), nn.Tanh(),
+            nn.Linear(hidden, hidden), nn.Tanh(),
+            nn.Linear(hidden, n_actions),
+        )
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        scale = 1.0 / 255.0 if obs.dtype == torch.uint8 else 1.0
+        x = obs.flatten(-self.obs_ndim).to(torch.float32) * scale
+        logits = self.net(x)
+        return torch.distributions.Categorical(logits=logits).sample()
+
+
+def make_policy(backend: Backend, workload: str):
+    """A ``TensorDictModule`` actor reading the workload's observation key.
+
+    The key (e.g. ``"observation"`` or ``"pixels"``) and the observation
+    shape are read from a throw-away env built by the backend's factory.
+    """
+    from tensordict.nn import TensorDictModule
+
+    probe = backend.worker_env_factory(workload, 1)()
+    try:
+        (obs_key,) = list(probe.observation_spec.keys())
+        spec_shape = probe.observation_spec[obs_key].shape
+        obs_shape = tuple(spec_shape[len(probe.batch_size):])
+    finally:
+        probe.close()
+    n_actions = int(WORKLOADS[workload]().action_space.n)
+    return TensorDictModule(MLPActor(obs_shape, n_actions),
+                            in_keys=[obs_key], out_keys=["action"])
+
+
+def build_collector(backend: Backend, workload: str, num_workers: int,
+                    envs_per_worker: int):
+    """A synchronous multi-process collector with an MLP policy."""
+    factory = backend.worker_env_factory(workload, envs_per_worker)
+    return backend.multi_sync_collector(
+        [factory] * num_workers,
+        make_policy(backend, workload),
+        frames_per_batch=FRAMES_PER_BATCH,
+        total_frames=-1,
+    )
+
+
+def run_collector(backend: Backend, workload: str, num_envs: int,
+                  num_workers: int, steps: int) -> dict:
+    """Time a multi-sync collector: frames/s after one warm-up batch.
+
+    The number of timed batches is chosen so that roughly
+    ``num_envs * steps`` frames are collected (at least two batches).
+    """
+    envs_per_worker = split_envs(num_envs, num_workers)
+    batches = max(2, math.ceil(num_envs * steps / FRAMES_PER_BATCH))
+    with preserve_torch_threads():
+        collector = build_collector(backend, workload, num_workers,
+                                    envs_per_worker)
+        try:
+            iterator = iter(collector)
+            next(iterator)
+            frames = 0
+            start = time.perf_counter()
+            for _ in range(batches):
+                frames += next(iterator).numel()
+            seconds = time.perf_counter() - start
+        finally:
+            collector.shutdown()
+    return result(f"{backend.name}_collector", workload, num_envs, num_workers,
+                  envs_per_worker, frames // num_envs, frames, seconds,
+                  processes=num_workers, batches=batches)
