@@ -2,4 +2,14 @@
 from .multi_sync import MultiSyncCollector
 from .single import Collector
 
-__all__ = ["Collector", "MultiSyncCollector"]
+__all__ = ["Collector", "MultiSyncCollector", "RayCollector"]
+
+
+def __getattr__(name):
+    # RayCollector needs the optional ray package (pip install "tdcollect[ray]"): imported on first use, so
+    # that importing collectors never imports collectors.ray
+    if name == "RayCollector":
+        from .ray import RayCollector
+
+        return RayCollector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -71,6 +71,12 @@ class CollectorBase:
             if bar is not None:
                 bar.close()
 
+    def _restart_trajectories(self, rows=None) -> None:
+        """The envs in ``rows`` (default: all) start new episodes: new trajectory ids, returns and lengths
+        counted from zero."""
+        if self._tracker is not None:
+            self._tracker.restart(range(len(self._tracker.current)) if rows is None else rows)
+
     def _make_bar(self):
         if not self.progress_bar:
             return None

@@ -174,9 +174,8 @@ class MultiSyncCollector(CollectorBase):
                                      f"not {self.envs_per_worker[w]} as before.")
                 self._pool.conns[w].send(("steps", self._steps))
                 self._storages[w] = self._pool.receive(w, "start-up")
-                if self._tracker is not None:
-                    first = sum(self.envs_per_worker[:w])
-                    self._tracker.restart(range(first, first + n_envs))
+                first = sum(self.envs_per_worker[:w])
+                self._restart_trajectories(range(first, first + n_envs))
         except BaseException:
             self.shutdown()
             raise
@@ -191,6 +190,7 @@ class MultiSyncCollector(CollectorBase):
         every episode restarts."""
         firsts = [sum(self.envs_per_worker[:w]) for w in range(self.num_workers)]
         self._pool.call("set_seed", [(seed + first,) for first in firsts])
+        self._restart_trajectories()
 
     def update_policy_weights_(self, policy_weights=None) -> None:
         """Copy the policy's current weights (or ``policy_weights``, a TensorDict) into the shared copy;

@@ -54,6 +54,7 @@ class Collector(CollectorBase):
     def set_seed(self, seed: int) -> None:
         """Env i gets ``seed + i`` (episodes restart); the torch RNG is seeded with ``seed``."""
         self._loop.set_seed(seed)
+        self._restart_trajectories()
 
     def update_policy_weights_(self, policy_weights=None) -> None:
         """The policy runs in this process, so it always acts with its current weights; with

@@ -195,3 +195,20 @@ def test_direct_module_path_equals_tensordict_module():
     assert torch.equal(policy(td.clone())["action"], module(td.clone())["action"])
     selected = TensorDictModule(nn.Linear(4, 2), ["observation"], ["a"]).select_out_keys("a")
     assert not isinstance(make_policy(selected, None), DirectModule) or selected.out_keys == ["a"]
+
+
+@pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
+def test_set_seed_between_batches_starts_new_trajectories(cls, no_leaks):
+    long_counting = functools.partial(CountingEnv, episode_len=100)
+    if cls == "Collector":
+        collector = Collector(SerialEnv(2, long_counting), None, frames_per_batch=8, total_frames=-1)
+    else:
+        collector = MultiSyncCollector([long_counting] * 2, None, frames_per_batch=8, total_frames=-1)
+    with collector:
+        it = iter(collector)
+        first = next(it).clone()
+        collector.set_seed(1)
+        second = next(it)
+    ids_before, ids_after = first["collector", "traj_ids"][:, -1], second["collector", "traj_ids"][:, 0]
+    assert set(ids_before.tolist()).isdisjoint(ids_after.tolist())
+    assert second["next", "observation"][:, 0, 0].tolist() == [1.0, 1.0]  # the episodes really restarted
