@@ -1,0 +1,125 @@
+"""Every notebook under tutorials/, executed top to bottom in a fresh kernel, as CI does.
+
+Each notebook runs as a copy held in memory (the .ipynb files are never written), with tutorials/ as the
+working directory, in a kernel of this very interpreter with the repository on its PYTHONPATH, so it runs the
+same whether the package is pip-installed or not. A failing cell fails the test with that cell's source and
+traceback. After the last cell the kernel must have no child process left (multiprocessing's forkserver and
+resource tracker aside); then the kernel is shut down and ``no_leaks`` checks this process.
+
+Slow (a few minutes in all on 2 cores): skip them locally with ``-m "not slow"``; CI runs them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
+CELL_TIMEOUT_S = 600
+PPO_NOTEBOOK = "03_ppo_multisync.ipynb"
+PPO_TARGET_RETURN = 450.0
+_SERVICE_PROCESSES = ("resource_tracker", "forkserver")
+
+
+@pytest.fixture
+def python3_kernel(tmp_path, monkeypatch):
+    """Make the kernel named "python3" this interpreter (a user-level kernelspec may point elsewhere), with
+    the repository importable."""
+    from ipykernel.kernelspec import write_kernel_spec
+
+    write_kernel_spec(tmp_path / "jupyter" / "kernels" / "python3")
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))  # searched before the user's own kernels
+    path = [str(TUTORIALS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+
+
+def run_notebook(nb: nbformat.NotebookNode, cwd: Path) -> list[str]:
+    """Execute ``nb`` (in place, in memory) in a fresh kernel started in ``cwd``; raises CellExecutionError
+    at the first failing cell. Returns the kernel's child processes still alive after the last cell.
+    The kernel is shut down, and waited for, before this returns."""
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd)}})
+    with client.setup_kernel():  # starts the kernel; on exit shuts it down and waits until it is gone
+        kernel = psutil.Process(client.km.provisioner.pid)
+        try:
+            client.execute(cleanup_kc=False)
+        except CellExecutionError as err:  # the same error, without the terminal colours of the traceback
+            raise CellExecutionError(re.sub(r"\x1b\[[0-9;]*m", "", str(err)), err.ename, err.evalue) from None
+        return _children(kernel)
+
+
+def _children(process: psutil.Process) -> list[str]:
+    def alive():
+        out = []
+        for child in process.children(recursive=True):
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                cmdline = " ".join(child.cmdline())
+            except psutil.NoSuchProcess:
+                continue
+            if not any(name in cmdline for name in _SERVICE_PROCESSES):
+                out.append(child)
+        return out
+
+    psutil.wait_procs(alive(), timeout=3)
+    return [f"{p.pid} {p.name()}" for p in alive()]
+
+
+def stdout_lines(nb: nbformat.NotebookNode) -> list[str]:
+    return [line for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+            if out.output_type == "stream" and out.name == "stdout" for line in out.text.splitlines()]
+
+
+def last_result(nb: nbformat.NotebookNode) -> dict:
+    """The JSON of the last ``RESULT {...}`` line the notebook printed."""
+    results = [line[len("RESULT "):] for line in stdout_lines(nb) if line.startswith("RESULT ")]
+    assert results, "the notebook printed no 'RESULT {json}' line"
+    return json.loads(results[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_tutorial_runs(path: Path, python3_kernel, no_leaks, record_property):
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and "Expected run time" in first.source, (
+        f"{path.name}: the first cell must state the expected run time")
+    start = time.perf_counter()
+    leftover = run_notebook(nb, path.parent)
+    seconds = time.perf_counter() - start
+    record_property("seconds", round(seconds, 1))
+    print(f"{path.name}: {seconds:.1f} s")
+    assert not leftover, f"{path.name} left processes running in its kernel: {leftover}"
+    if path.name == PPO_NOTEBOOK:
+        result = last_result(nb)
+        assert result["final_mean_return"] >= PPO_TARGET_RETURN, result
+        assert {"frames", "wall_time_s", "fps"} <= result.keys(), result
+
+
+def test_tutorials_exist():
+    names = [p.name for p in NOTEBOOKS]
+    assert len(names) >= 4 and PPO_NOTEBOOK in names, names
+
+
+def test_a_failing_cell_fails_the_run(python3_kernel, tmp_path, no_leaks):
+    """The runner is not a rubber stamp: a broken cell raises, naming the cell's error."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# broken\n\nExpected run time: 1 s."),
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell("raise ValueError('this tutorial cell is broken')"),
+        nbformat.v4.new_code_cell("print('never reached')"),
+    ])
+    with pytest.raises(CellExecutionError, match="this tutorial cell is broken"):
+        run_notebook(nb, tmp_path)
+    assert "never reached" not in stdout_lines(nb)
