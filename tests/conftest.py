@@ -6,10 +6,11 @@ import pytest
 _SERVICE_PROCESSES = ("resource_tracker", "forkserver")
 
 
-def live_children() -> list[psutil.Process]:
-    """Child processes of this test process, less multiprocessing's own long-lived helpers."""
+def live_children(process: psutil.Process | None = None) -> list[psutil.Process]:
+    """Child processes of ``process`` (default: this test process), less multiprocessing's own long-lived
+    helpers."""
     out = []
-    for proc in psutil.Process().children(recursive=True):
+    for proc in (process or psutil.Process()).children(recursive=True):
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue

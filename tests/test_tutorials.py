@@ -22,12 +22,13 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tests.conftest import live_children
+
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
 PPO_NOTEBOOK = "03_ppo_multisync.ipynb"
 PPO_TARGET_RETURN = 450.0
-_SERVICE_PROCESSES = ("resource_tracker", "forkserver")
 
 
 @pytest.fixture
@@ -58,21 +59,8 @@ def run_notebook(nb: nbformat.NotebookNode, cwd: Path) -> list[str]:
 
 
 def _children(process: psutil.Process) -> list[str]:
-    def alive():
-        out = []
-        for child in process.children(recursive=True):
-            try:
-                if child.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                cmdline = " ".join(child.cmdline())
-            except psutil.NoSuchProcess:
-                continue
-            if not any(name in cmdline for name in _SERVICE_PROCESSES):
-                out.append(child)
-        return out
-
-    psutil.wait_procs(alive(), timeout=3)
-    return [f"{p.pid} {p.name()}" for p in alive()]
+    psutil.wait_procs(live_children(process), timeout=3)
+    return [f"{p.pid} {p.name()}" for p in live_children(process)]
 
 
 def stdout_lines(nb: nbformat.NotebookNode) -> list[str]:
