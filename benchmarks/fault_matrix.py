@@ -51,6 +51,7 @@ def _step_with(action):
 
 
 def _interrupted_rollout():
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     threading.Timer(0.3, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
     _env_rollout(functools.partial(SlowEnv, 0.05))
 

@@ -33,13 +33,22 @@ def test_native_crash_in_step_names_worker_and_signal(how, signame, no_leaks):
     assert env.is_closed and env.worker_pids == []
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python turns SIGINT into KeyboardInterrupt only if SIGINT was not ignored when it started (a shell
+    starts background jobs with SIGINT ignored); make it so for the test, as in an interactive session."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_main_thread_after(seconds: float) -> threading.Timer:
     timer = threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     timer.start()
     return timer
 
 
-def test_ctrl_c_during_a_rollout_closes_the_env(no_leaks):
+def test_ctrl_c_during_a_rollout_closes_the_env(ctrl_c_raises, no_leaks):
     env = ParallelEnv(2, functools.partial(SlowEnv, 0.05))
     timer = _interrupt_main_thread_after(0.5)
     start = time.monotonic()
@@ -50,7 +59,7 @@ def test_ctrl_c_during_a_rollout_closes_the_env(no_leaks):
     assert env.is_closed and env.worker_pids == []
 
 
-def test_ctrl_c_during_collection_shuts_the_collector_down(no_leaks):
+def test_ctrl_c_during_collection_shuts_the_collector_down(ctrl_c_raises, no_leaks):
     collector = MultiSyncCollector([functools.partial(SlowEnv, 0.05)] * 2, None, frames_per_batch=200,
                                    total_frames=-1)
     timer = _interrupt_main_thread_after(0.5)
