@@ -1,7 +1,6 @@
 """Collector and MultiSyncCollector: batches, policies, weights, seeding, TorchRL arguments."""
 import functools
 
-import gymnasium as gym
 import pytest
 import torch
 from tensordict import TensorDict
