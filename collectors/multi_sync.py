@@ -18,8 +18,6 @@ next batch (synchronous, on-policy collection).
 """
 from __future__ import annotations
 
-import warnings
-
 import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -150,8 +148,8 @@ class MultiSyncCollector(CollectorBase):
                 self._pool.run(code, workers)
                 workers = []
             except WorkerError as err:
-                failures = getattr(err, "failures", {err.worker: err})
-                if sum(self._pool.restarts) + len(failures) > self.max_restarts:
+                failures = self._pool.replaceable(err, self.max_restarts)
+                if failures is None:
                     self.shutdown()
                     raise
                 workers = sorted(failures)
@@ -165,9 +163,7 @@ class MultiSyncCollector(CollectorBase):
         """Replace the failed workers; their envs start new episodes (and new trajectory ids)."""
         try:
             for w in sorted(failures):
-                warnings.warn(f"MultiSyncCollector: restarting worker {w} after: "
-                              f"{str(failures[w]).splitlines()[0]}", RuntimeWarning, stacklevel=5)
-                self._pool.restart(w)
+                self._pool.restart(w, failures[w])
                 n_envs = self._pool.receive(w, "construction")
                 if n_envs != self.envs_per_worker[w]:
                     raise ValueError(f"MultiSyncCollector: restarted worker {w} has {n_envs} envs, "

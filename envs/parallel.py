@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pickle
-import warnings
 from typing import Callable, Sequence
 
 import numpy as np
@@ -118,9 +117,10 @@ class ParallelEnv(BatchedEnv):
         try:
             return fn(*args)
         except WorkerError as err:
-            failures = getattr(err, "failures", {err.worker: err})
-            if self.is_closed or sum(self._pool.restarts) + len(failures) > self.max_restarts:
-                if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in failures.values()):
+            failures = None if self.is_closed else self._pool.replaceable(err, self.max_restarts)
+            if failures is None:
+                causes = getattr(err, "failures", {err.worker: err}).values()
+                if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in causes):
                     self.close()
                 raise
             self._restart(failures, stepping=fn == self._pool.run and args[0] == STEP)
@@ -134,9 +134,7 @@ class ParallelEnv(BatchedEnv):
         workers = sorted(failures)
         try:
             for w in workers:
-                warnings.warn(f"ParallelEnv: restarting worker {w} after: {str(failures[w]).splitlines()[0]}",
-                              RuntimeWarning, stacklevel=5)
-                self._pool.restart(w)
+                self._pool.restart(w, failures[w])
                 self._check_specs([self._specs, pickle.loads(self._pool.receive(w, "construction"))], [0, w])
                 self._pool.conns[w].send(("buffers", self._buffers_shared, self._reset_tensor))
                 self._pool.receive(w, "start-up")

@@ -18,13 +18,14 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from .errors import EnvWorkerError, MissingMainGuardError, WorkerDiedError, WorkerTimeoutError
+from .errors import EnvWorkerError, MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError
 
 CALL, CLOSE = 100, 101
 OK, FAILED = 0, 1
@@ -107,9 +108,19 @@ class WorkerPool:
         proc.start()
         child_conn.close()
 
-    def restart(self, w: int) -> None:
-        """Replace worker ``w`` by a fresh process running the same target and arguments (the caller
-        repeats its start-up exchange with it)."""
+    def replaceable(self, err: Exception, max_restarts: int) -> dict | None:
+        """The failures behind ``err`` (``{worker: exception}``) when replacing those workers keeps the
+        pool within ``max_restarts`` replacements in all; None when it does not (or ``err`` is no worker's)."""
+        if not isinstance(err, WorkerError):
+            return None
+        failures = getattr(err, "failures", {err.worker: err})
+        return failures if sum(self.restarts) + len(failures) <= max_restarts else None
+
+    def restart(self, w: int, cause: Exception) -> None:
+        """Replace worker ``w``, which failed with ``cause``, by a fresh process running the same target and
+        arguments, with a RuntimeWarning (the caller repeats its start-up exchange with it)."""
+        warnings.warn(f"{self.owner}: restarting worker {w} after: {str(cause).splitlines()[0]}",
+                      RuntimeWarning, stacklevel=4)
         old, conn = self.procs[w], self.conns[w]
         if old.exitcode is None:
             old.kill()
