@@ -93,6 +93,10 @@ class BatchedEnv(EnvBase):
         self._pending_reset[:] = False
         tensordict.set("next", self._next.clone())
         next_root = tensordict.exclude("next", *self.action_keys, *self.reward_keys)
+        if any(isinstance(value, TensorDictBase) for value in next_root.values()):
+            # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
+            # nested entries leaves the step just returned intact (leaves stay shared)
+            next_root = next_root.clone(recurse=False)
         next_root.update(self._root.clone())
         return tensordict, next_root
 

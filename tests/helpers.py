@@ -110,6 +110,23 @@ class RichSpacesEnv(gym.Env):
         return self._obs(), float(action["jump"]), False, self.t >= 4, {}
 
 
+class FrameCountingEnv(CountingEnv):
+    """CountingEnv whose observation is an 84x84x3 uint8 frame filled with ``steps so far * 10 + action``
+    (an image-sized leaf); episodes last 7 steps."""
+
+    def __init__(self):
+        super().__init__(episode_len=7)
+        self.observation_space = spaces.Box(0, 255, (84, 84, 3), np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((84, 84, 3), np.uint8), {}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return np.full((84, 84, 3), self.count * 10 + int(action), np.uint8), reward, terminated, truncated, info
+
+
 class OtherShapeEnv(CountingEnv):
     """Like CountingEnv but with a 5-dim observation (for spec mismatch tests)."""
 

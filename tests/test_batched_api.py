@@ -9,7 +9,7 @@ from torchrl.envs import GymEnv
 from torchrl.envs.utils import check_env_specs
 
 from envs import ParallelEnv, SerialEnv
-from tests.helpers import CountingEnv, RichSpacesEnv, cartpole
+from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,6 +113,25 @@ def test_parallel_equals_serial_bit_for_bit(no_leaks):
             out.append(env.rollout(120, break_when_any_done=False))
         assert (out[0] == out[1]).all()
         assert out[0]["next", "done"].any(), "the rollout should cross episode ends"
+
+
+@pytest.mark.parametrize("factory", [cartpole, RichSpacesEnv, FrameCountingEnv])
+def test_random_rollout_equals_stepping_its_actions(kind, factory, no_leaks):
+    """The lean random rollout stores exactly what stepping its actions one by one returns (vector, nested
+    and image-sized leaves; across episode ends)."""
+    with make(kind, 2, factory, per_worker=2) as env:
+        env.set_seed(5)
+        fast = env.rollout(30, break_when_any_done=False)
+        env.set_seed(5)
+        root, steps = env.reset(), []
+        for t in range(30):
+            root.update(fast[:, t].select(*env.action_keys))
+            stepped, root = env.step_and_maybe_reset(root)
+            steps.append(stepped)
+        replay = torch.stack(steps, dim=1).select(*fast.keys(True, True))
+        assert fast["next", "done"].any(), "the rollout should cross episode ends"
+        assert set(replay.keys(True, True)) == set(fast.keys(True, True))
+        assert (replay == fast).all()
 
 
 def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
