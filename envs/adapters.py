@@ -96,6 +96,64 @@ class GymStepper:
         self.env.close()
 
 
+class GymBlockStepper:
+    """``k`` ``GymStepper`` envs with one ``Box`` observation stepped as a block: results are gathered in
+    lists and written with one numpy assignment per key (per env, a list append instead of a numpy write).
+
+    Writes the same data as stepping each ``GymStepper``; :func:`block_stepper` decides when it applies.
+    """
+
+    def __init__(self, steppers: list[GymStepper], views: BufferViews):
+        self.envs = [stepper.env for stepper in steppers]
+        self._read_actions = _block_action_reader(steppers[0].env.action_space, views.action_np["action"])
+        self._next_obs = views.next_np["observation"]
+        self._root_obs = views.root_np["observation"]
+        self._reward = views.next_np["reward"][:, 0]
+        self._done, self._terminated, self._truncated = (views.next_np[key][:, 0] for key in DONE_KEYS)
+
+    def step(self) -> None:
+        observations, rewards, terminated, truncated = [], [], [], []
+        for env, action in zip(self.envs, self._read_actions()):
+            obs, reward, term, trunc, _ = env.step(action)
+            observations.append(obs)
+            rewards.append(reward)
+            terminated.append(term)
+            truncated.append(trunc)
+        self._next_obs[...] = observations
+        self._reward[...] = rewards
+        self._terminated[...] = terminated
+        self._truncated[...] = truncated
+        np.logical_or(self._terminated, self._truncated, out=self._done)
+        self._root_obs[...] = self._next_obs
+        if self._done.any():
+            for i in np.flatnonzero(self._done).tolist():
+                self._root_obs[i], _ = self.envs[i].reset()
+
+
+def block_stepper(steppers: list, views: BufferViews) -> GymBlockStepper | None:
+    """A :class:`GymBlockStepper` over ``steppers`` when they are all ``GymStepper`` envs with a ``Box``
+    observation and a ``Discrete`` or ``Box`` action; else None (step them one by one)."""
+    if not steppers or not all(type(s) is GymStepper for s in steppers):
+        return None
+    env = steppers[0].env
+    if not isinstance(env.observation_space, spaces.Box):
+        return None
+    if not isinstance(env.action_space, (spaces.Discrete, spaces.Box)):
+        return None
+    return GymBlockStepper(steppers, views)
+
+
+def _block_action_reader(space: spaces.Space, array: np.ndarray):
+    """``read()`` -> the ``k`` actions of the block (rows of ``array``) in the form ``env.step`` expects."""
+    if isinstance(space, spaces.Discrete):
+        start = int(space.start)
+        if start == 0:
+            return array.tolist
+        return lambda: [int(a) + start for a in array.tolist()]
+    dtype = space.dtype
+    return lambda: list(np.array(array, dtype=dtype))  # a copy: an env may keep its action
+
+
 def _observation_writer(space: spaces.Space):
     """``write(obs, tree, i)`` for a full observation (Dict/Tuple at the top level, else ``"observation"``)."""
     if isinstance(space, (spaces.Dict, spaces.Tuple)):

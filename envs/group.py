@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from tensordict import TensorDictBase
 
-from .adapters import make_stepper
+from .adapters import block_stepper, make_stepper
 from .errors import SpecMismatchError
 from .shared import BufferViews, EnvSpecs
 from .specs import spec_differences
@@ -41,6 +41,7 @@ class EnvGroup:
             self.close()
             raise
         self._seeds: list[int | None] = [None] * len(self.steppers)
+        self._block = None
 
     def __len__(self) -> int:
         return len(self.steppers)
@@ -50,6 +51,7 @@ class EnvGroup:
         views = BufferViews(buffers)
         for i, stepper in enumerate(self.steppers):
             stepper.bind(views, i)
+        self._block = block_stepper(self.steppers, views)
 
     def set_seeds(self, seeds: Sequence[int]) -> None:
         """Seeds used by each env's next reset (then forgotten: later resets continue its RNG)."""
@@ -63,7 +65,11 @@ class EnvGroup:
                 self._seeds[i] = None
 
     def step(self) -> None:
-        """Step every env with its row of the action buffer (auto-resetting the ones that end)."""
+        """Step every env with its row of the action buffer (auto-resetting the ones that end); as one block
+        when the envs allow it (see ``adapters.block_stepper``)."""
+        if self._block is not None:
+            self._block.step()
+            return
         for stepper in self.steppers:
             stepper.step()
 
@@ -74,3 +80,4 @@ class EnvGroup:
             except Exception:  # noqa: BLE001 - closing must go on for the other envs
                 pass
         self.steppers = []
+        self._block = None

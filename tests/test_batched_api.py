@@ -9,6 +9,8 @@ from torchrl.envs import GymEnv
 from torchrl.envs.utils import check_env_specs
 
 from envs import ParallelEnv, SerialEnv
+from envs.group import EnvGroup
+from envs.shared import allocate_buffers
 from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,6 +134,40 @@ def test_random_rollout_equals_stepping_its_actions(kind, factory, no_leaks):
         assert fast["next", "done"].any(), "the rollout should cross episode ends"
         assert set(replay.keys(True, True)) == set(fast.keys(True, True))
         assert (replay == fast).all()
+
+
+@pytest.mark.parametrize("factory", [cartpole, functools.partial(gym.make, "Pendulum-v1", max_episode_steps=15),
+                                     FrameCountingEnv])
+def test_block_stepping_writes_what_one_by_one_stepping_writes(factory):
+    """Gym envs with a Box observation are stepped as a block; the buffers must hold the same data as when
+    each env is stepped on its own (across episode ends, continuous and discrete actions)."""
+    groups, buffers = [], []
+    for block in (True, False):
+        group = EnvGroup([factory] * 3, owner="test")
+        buffer = allocate_buffers(group.specs, 3, shared=False)
+        group.bind(buffer)
+        assert group._block is not None
+        if not block:
+            group._block = None
+        group.set_seeds([1, 2, 3])
+        group.reset()
+        groups.append(group)
+        buffers.append(buffer)
+    action_spec = groups[0].specs.action.expand(3)
+    torch.manual_seed(0)
+    episode_ends = 0
+    try:
+        for _ in range(40):
+            actions = action_spec.rand()
+            for group, buffer in zip(groups, buffers):
+                buffer["action"].update_(actions)
+                group.step()
+            assert (buffers[0] == buffers[1]).all()
+            episode_ends += int(buffers[0]["next", "done"].sum())
+        assert episode_ends > 0, "the steps should cross episode ends"
+    finally:
+        for group in groups:
+            group.close()
 
 
 def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
