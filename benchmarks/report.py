@@ -1,5 +1,7 @@
 """Reporting helpers: markdown tables, throughput plots, start-up probes.
 
+* :func:`aggregate` - merges the rounds of each point: median steps/s and
+  the median of the per-round ratios to ``serial``.
 * :func:`markdown_table` - one row per result, with the ratio to the
   ``serial`` reference of the same workload and ``num_envs``.
 * :func:`plot_throughput` - PNG of env steps/s against worker count, one
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +32,39 @@ def _reference_rates(results: list[dict]) -> dict[tuple, float]:
             if r.get("system") == REFERENCE and "steps_per_s" in r}
 
 
+def aggregate(runs: list[dict]) -> list[dict]:
+    """One record per (workload, workers, envs/worker, system) from runs
+    that carry a ``round``: ``steps_per_s`` is the median over rounds,
+    ``rounds_steps_per_s`` every round's value, and ``vs_serial`` the median
+    of the ratios to the ``serial`` run of the same round and ``num_envs``
+    (``vs_serial_range``: their min and max). A point whose every round
+    failed keeps its first error record."""
+    serial = {(r["workload"], r["num_envs"], r.get("round", 0)): r["steps_per_s"]
+              for r in runs if r.get("system") == REFERENCE and "steps_per_s" in r}
+    groups = defaultdict(list)
+    for r in runs:
+        groups[(r["workload"], r.get("config_workers"),
+                r.get("config_envs_per_worker"), r["system"])].append(r)
+    merged = []
+    for group in groups.values():
+        ok = [r for r in group if "steps_per_s" in r]
+        if not ok:
+            merged.append(group[0])
+            continue
+        record = dict(ok[0])
+        record.pop("round", None)
+        rates = [r["steps_per_s"] for r in ok]
+        record.update(steps_per_s=statistics.median(rates), rounds_steps_per_s=rates,
+                      failed_rounds=len(group) - len(ok))
+        ratios = [r["steps_per_s"] / serial[key] for r in ok
+                  if (key := (r["workload"], r["num_envs"], r.get("round", 0))) in serial]
+        if ratios:
+            record.update(vs_serial=statistics.median(ratios),
+                          vs_serial_range=[min(ratios), max(ratios)])
+        merged.append(record)
+    return merged
+
+
 def _sort_key(r: dict):
     return (r["workload"], r.get("config_envs_per_worker", 0),
             r.get("config_workers", 0), r["num_envs"], r["system"])
@@ -44,18 +80,24 @@ def markdown_table(results: list[dict]) -> str:
     refs = _reference_rates(results)
     lines = [
         "| workload | system | workers | envs/worker | num_envs | procs "
-        "| steps/s | vs serial |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| steps/s | vs serial | rounds (ratio range) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in sorted((r for r in results if "steps_per_s" in r), key=_sort_key):
         ref = refs.get((r["workload"], r["num_envs"]))
-        ratio = f"{r['steps_per_s'] / ref:.2f}" if ref else "-"
+        if "vs_serial" in r:
+            ratio = f"{r['vs_serial']:.2f}"
+            low, high = r["vs_serial_range"]
+            spread = f"{len(r['rounds_steps_per_s'])} ({low:.2f}–{high:.2f})"
+        else:
+            ratio = f"{r['steps_per_s'] / ref:.2f}" if ref else "-"
+            spread = "1"
         lines.append(
             f"| {r['workload']} | {r['system']} "
             f"| {r.get('config_workers', r['num_workers'])} "
             f"| {r.get('config_envs_per_worker', r['envs_per_worker'])} "
             f"| {r['num_envs']} | {r.get('processes', r['num_workers'])} "
-            f"| {r['steps_per_s']:,.0f} | {ratio} |"
+            f"| {r['steps_per_s']:,.0f} | {ratio} | {spread} |"
         )
     return "\n".join(lines)
 

@@ -6,21 +6,27 @@ Examples::
     python -m benchmarks.run --workloads cheap pixels --workers 1 2 4 \\
         --envs-per-worker 1 4 32 --steps 1000 --systems serial torchrl_parallel
     python -m benchmarks.run --quick --startup     # also start-up / memory
+    python -m benchmarks.run --quick --rounds 3    # every point 3 times, systems interleaved
 
 Every system in :data:`SYSTEMS` is called as
 ``run(workload, num_envs, num_workers, steps) -> dict`` for each
 (workload, envs per worker, workers) point, with
-``num_envs = workers * envs_per_worker``.  Results go to ``--out`` as
+``num_envs = workers * envs_per_worker``.  With ``--rounds N`` every point is
+measured N times, all systems once per round (so a slow spell of a shared
+machine hits every system alike); the table gives the median steps/s and
+the median of the per-round ratios to ``serial``.  Results go to ``--out`` as
 ``results.json``, ``results.md`` (markdown table) and ``throughput.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import platform
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -58,6 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", nargs="+", type=int)
     p.add_argument("--envs-per-worker", nargs="+", type=int)
     p.add_argument("--steps", type=int, help="batched steps per run")
+    p.add_argument("--timeout", type=int, default=600,
+                   help="seconds one run may take before it is recorded as "
+                        "an error (a hung anchor does not stop the benchmark)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every point this many times, the systems "
+                        "interleaved; report medians")
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
                    default=list(SYSTEMS))
     p.add_argument("--skip", nargs="+", choices=list(SYSTEMS), default=[])
@@ -91,48 +103,78 @@ def _skip_reason(system, num_envs, args, unavailable) -> str | None:
 
 
 def run_benchmarks(args) -> list[dict]:
-    """Run every (config, system) pair; returns the result records."""
+    """Run every (config, round, system); returns one record per run (with
+    its ``round``); :func:`report.aggregate` merges the rounds."""
     results, unavailable, serial_cache = [], {}, {}
     for workload, epw, workers in _configs(args):
         num_envs = workers * epw
-        for system in args.systems:
-            reason = _skip_reason(system, num_envs, args, unavailable)
-            if reason:
-                if system not in unavailable:
-                    print(f"NOTE: skipping {system} at {num_envs} envs: "
-                          f"{reason}", flush=True)
-                continue
-            config = {"config_workers": workers, "config_envs_per_worker": epw,
-                      "loadavg_1m_before": os.getloadavg()[0]}
-            key = (workload, num_envs)
-            start = time.perf_counter()
-            try:
-                if system == "serial" and key in serial_cache:
-                    record = dict(serial_cache[key])
-                else:
-                    record = SYSTEMS[system](workload, num_envs, workers,
-                                             args.steps)
-                    if system == "serial":
-                        serial_cache[key] = record
-            except SystemUnavailable as exc:
-                unavailable[system] = str(exc)
-                print(f"NOTE: skipping {system}: {exc}", flush=True)
-                continue
-            except Exception as exc:  # keep going; record the failure
-                traceback.print_exc()
-                record = {"system": system, "workload": workload,
-                          "num_envs": num_envs, "num_workers": workers,
-                          "envs_per_worker": epw, "error": repr(exc)}
-            record.update(config, wall_s=time.perf_counter() - start)
-            results.append(record)
-            rate = record.get("steps_per_s")
-            shown = f"{rate:12,.0f} steps/s" if rate else record.get("error")
-            print(f"{workload:7s} W={workers:<2d} epw={epw:<3d} "
-                  f"{system:20s} {shown}  ({record['wall_s']:.1f}s)",
-                  flush=True)
+        for round_ in range(args.rounds):
+            for system in args.systems:
+                reason = _skip_reason(system, num_envs, args, unavailable)
+                if reason:
+                    if system not in unavailable and round_ == 0:
+                        print(f"NOTE: skipping {system} at {num_envs} envs: "
+                              f"{reason}", flush=True)
+                    continue
+                with _time_limit(args.timeout, system):
+                    record = _run_one(system, workload, num_envs, workers, epw,
+                                      args.steps, serial_cache, round_,
+                                      unavailable)
+                if record is None:
+                    continue
+                results.append(record)
+                rate = record.get("steps_per_s")
+                shown = f"{rate:12,.0f} steps/s" if rate else record.get("error")
+                print(f"{workload:7s} W={workers:<2d} epw={epw:<3d} "
+                      f"round {round_} {system:20s} {shown}  "
+                      f"({record['wall_s']:.1f}s)", flush=True)
     for system, reason in unavailable.items():
         print(f"NOTE: {system} was skipped: {reason}")
     return results
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int, system: str):
+    """Raise ``TimeoutError`` in the block after ``seconds`` (SIGALRM)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"{system} took more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _run_one(system, workload, num_envs, workers, epw, steps, serial_cache,
+             round_, unavailable) -> dict | None:
+    """One timed run as a record (an ``error`` record when it failed; None
+    when the system is unavailable). ``serial`` is measured once per
+    (workload, num_envs, round)."""
+    config = {"config_workers": workers, "config_envs_per_worker": epw,
+              "round": round_, "loadavg_1m_before": os.getloadavg()[0]}
+    key = (workload, num_envs, round_)
+    start = time.perf_counter()
+    try:
+        if system == "serial" and key in serial_cache:
+            record = dict(serial_cache[key])
+        else:
+            record = SYSTEMS[system](workload, num_envs, workers, steps)
+            if system == "serial":
+                serial_cache[key] = record
+    except SystemUnavailable as exc:
+        unavailable[system] = str(exc)
+        print(f"NOTE: skipping {system}: {exc}", flush=True)
+        return None
+    except Exception as exc:  # keep going; record the failure
+        traceback.print_exc()
+        record = {"system": system, "workload": workload,
+                  "num_envs": num_envs, "num_workers": workers,
+                  "envs_per_worker": epw, "error": repr(exc)}
+    record.update(config, wall_s=time.perf_counter() - start)
+    return record
 
 
 def run_startup(args) -> list[dict]:
@@ -177,12 +219,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = run_benchmarks(args)
+    runs = run_benchmarks(args)
+    results = report.aggregate(runs)
     startup = run_startup(args) if args.startup else []
     meta = {"args": vars(args), "environment": _environment(),
             "total_wall_s": time.perf_counter() - started}
     (out / "results.json").write_text(json.dumps(
-        {"meta": meta, "results": results, "startup": startup}, indent=1))
+        {"meta": meta, "results": results, "runs": runs, "startup": startup},
+        indent=1))
     table = report.markdown_table(results)
     text = f"# Env stepping throughput\n\n`{meta['environment']}`\n\n{table}\n"
     if startup:
