@@ -35,6 +35,9 @@ class ParallelEnv(BatchedEnv):
             (opt-in; default 0). Its envs come back reset; in the step that failed they are marked
             ``truncated`` (and ``done``) with the reset observation as ``("next", obs)`` and reward 0; the other
             workers' data is untouched. A warning is issued and ``restarts`` counts them per worker.
+        spin_s: seconds the main process and the workers poll for each other before blocking (see
+            ``pool.py``). Default None: 1 ms when ``num_workers + 1`` fits in the usable cores, else 0 (block
+            at once: spinning on a full machine slows the workers down).
 
     Errors from workers arrive as :class:`~envs.errors.EnvWorkerError` (an exception in an env),
     :class:`~envs.errors.WorkerDiedError` and :class:`~envs.errors.WorkerTimeoutError`; after the last two
@@ -52,6 +55,7 @@ class ParallelEnv(BatchedEnv):
         timeout: float = 120.0,
         check_actions: bool = True,
         max_restarts: int = 0,
+        spin_s: float | None = None,
     ):
         exit_if_bootstrapping()
         factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, "ParallelEnv", "num_workers")
@@ -69,6 +73,7 @@ class ParallelEnv(BatchedEnv):
             run_worker,
             [(factory, envs_per_worker, w * envs_per_worker) for w, factory in enumerate(pickled)],
             start_method=method, timeout=timeout, owner="ParallelEnv", command_names=COMMAND_NAMES,
+            spin_s=spin_s,
         )
         try:
             specs = self._check_specs([pickle.loads(p) for p in self._pool.receive_all("construction")])

@@ -9,6 +9,12 @@ Worker ``w`` -> main process: write ``status[w]`` (OK or FAILED, plus a report o
 While it waits, the main process checks every ``poll_s`` that the worker is alive (a dead one is a
 :class:`~envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``; an idle worker wakes every
 second to exit if the main process is gone (and, on Linux, is killed with it anyway).
+
+Waiting: bounded spin, then block. Waking a process blocked on a semaphore costs tens to hundreds of µs on a
+VM, more than a cheap step; polling the semaphore (``acquire(False)``, no system call) answers in about a µs
+but burns a core. So both sides poll for ``spin_s`` seconds before they block — the main process after it
+sent a command, a worker after it finished one — and :func:`default_spin_s` only spins when every worker and
+the main process can have a core of their own; with fewer cores spinning would slow the workers down.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ CALL, CLOSE = 100, 101
 OK, FAILED = 0, 1
 IDLE_POLL_S = 1.0
 START_METHODS = ("fork", "forkserver", "spawn")
+SPIN_S = 0.001  # how long a side polls before it blocks, when there are cores to spare
 # A worker importing an unguarded main module exits with this code; the main process explains it once.
 MISSING_GUARD_EXIT = 78
 
@@ -49,6 +56,27 @@ Or pass mp_start_method="fork" (Linux, the default there), which does not re-run
 def default_start_method() -> str:
     """``"fork"`` where the platform has it (fast start, no main guard needed), else ``"spawn"``."""
     return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_spin_s(num_workers: int) -> float:
+    """:data:`SPIN_S` when the workers and the main process fit on the usable cores, else 0 (block at once)."""
+    return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
+
+
+def resolve_spin_s(spin_s: float | None, num_workers: int) -> float:
+    if spin_s is None:
+        return default_spin_s(num_workers)
+    if not isinstance(spin_s, (int, float)) or spin_s < 0:
+        raise ValueError(f"spin_s must be None (automatic) or seconds >= 0, got {spin_s!r}.")
+    return float(spin_s)
 
 
 def exit_if_bootstrapping() -> None:
@@ -71,8 +99,9 @@ class WorkerPool:
     """``num_workers`` processes running ``target(channel, *args[w])``; see the module docstring."""
 
     def __init__(self, target: Callable, args: list[tuple], *, start_method: str, timeout: float,
-                 owner: str, command_names: dict[int, str]):
+                 owner: str, command_names: dict[int, str], spin_s: float | None = None):
         self.owner = owner
+        self.spin_s = resolve_spin_s(spin_s, len(args))
         self.start_method = start_method
         self.timeout = float(timeout)
         self.command_names = {CALL: "a call", CLOSE: "close", **command_names}
@@ -101,7 +130,7 @@ class WorkerPool:
         self._wake[w], self._done[w] = context.Semaphore(0), context.Semaphore(0)
         parent_conn, child_conn = context.Pipe()
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w],
-                                self._command_tensor, self._status_tensor)
+                                self._command_tensor, self._status_tensor, self.spin_s)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
                                name=f"{self.owner}-worker-{w}", daemon=False)
         self.procs[w], self.conns[w] = proc, parent_conn
@@ -193,8 +222,11 @@ class WorkerPool:
         during = self.command_names.get(code, f"command {code}")
         deadline = None
         failures = {}
+        spin_until = time.perf_counter() + self.spin_s
         for w in workers:
             done = self._done[w]
+            if _poll(done, spin_until):
+                continue
             while not done.acquire(timeout=self._poll_s):
                 deadline = deadline or time.monotonic() + self.timeout - self._poll_s
                 failure = self._liveness_failure(w, during, deadline)
@@ -269,9 +301,11 @@ def error_report(exc: BaseException, during: str) -> dict:
 class WorkerChannel:
     """A worker's end of the pool: its pipe, its two semaphores and the shared command/status arrays."""
 
-    def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor):
+    def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
+                 spin_s: float = 0.0):
         self.index, self.conn, self.wake, self.done = index, conn, wake, done
         self.command_tensor, self.status_tensor = command, status
+        self.spin_s = spin_s
 
     def start(self) -> None:
         """First thing in a worker: die with the main process; leave Ctrl-C to the main process (which
@@ -296,11 +330,13 @@ class WorkerChannel:
         sys.exit(1)
 
     def serve(self, handlers: dict[int, Callable[[], Any]], call_target: Any, names: dict[int, str]) -> None:
-        """The worker loop: block on ``wake``, run ``handlers[command]``, report, release ``done``; until
+        """The worker loop: wait on ``wake`` (polling it for ``spin_s`` after each command, then blocking), run
+        ``handlers[command]``, report, release ``done``; until
         CLOSE or until the main process is gone. Exceptions are reported and the loop goes on."""
         command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
+        spin_until = 0.0
         while True:
-            if not self.wake.acquire(timeout=IDLE_POLL_S):
+            if not _poll(self.wake, spin_until) and not self.wake.acquire(timeout=IDLE_POLL_S):
                 if not _main_process_alive():
                     return
                 continue
@@ -320,6 +356,18 @@ class WorkerChannel:
                 status[index] = FAILED
                 self.conn.send(("error", error_report(exc, names.get(code, f"command {code}"))))
             self.done.release()
+            spin_until = time.perf_counter() + self.spin_s
+
+
+def _poll(semaphore, until: float) -> bool:
+    """Try to acquire ``semaphore`` without blocking until ``time.perf_counter()`` passes ``until``
+    (yielding the core between tries); True once acquired."""
+    while True:
+        if semaphore.acquire(False):
+            return True
+        if time.perf_counter() >= until:
+            return False
+        os.sched_yield()
 
 
 def _die_with_parent() -> None:

@@ -170,6 +170,27 @@ def test_block_stepping_writes_what_one_by_one_stepping_writes(factory):
             group.close()
 
 
+def test_spinning_and_blocking_waits_give_the_same_data(no_leaks):
+    """spin_s changes how the processes wait for each other, never what they compute."""
+    out = []
+    for spin_s in (0.0, 0.002):
+        with ParallelEnv(2, cartpole, envs_per_worker=2, spin_s=spin_s) as env:
+            assert env._pool.spin_s == spin_s
+            env.set_seed(11)
+            torch.manual_seed(4)
+            out.append(env.rollout(60, break_when_any_done=False))
+    assert (out[0] == out[1]).all()
+
+
+def test_spinning_is_automatic_only_with_a_core_for_every_process(monkeypatch):
+    from envs import pool
+
+    monkeypatch.setattr(pool, "usable_cores", lambda: 4)
+    assert pool.default_spin_s(3) == pool.SPIN_S
+    assert pool.default_spin_s(4) == 0.0
+    assert pool.resolve_spin_s(None, 3) == pool.SPIN_S and pool.resolve_spin_s(0, 3) == 0.0
+
+
 def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
     def policy(td):
         return td.set("action", (td["observation"][:, 2] > 0).long())

@@ -46,6 +46,8 @@ def test_non_callable_and_bad_counts(no_leaks):
         ParallelEnv(2, [cartpole] * 3)
     with pytest.raises(ValueError, match="mp_start_method"):
         ParallelEnv(2, cartpole, mp_start_method="thread")
+    with pytest.raises(ValueError, match="spin_s must be None"):
+        ParallelEnv(2, cartpole, spin_s=-1)
 
 
 def test_factory_that_captures_an_unpicklable_object(no_leaks):
@@ -80,10 +82,12 @@ def test_env_stays_usable_after_an_exception_in_step(no_leaks):
         assert env.reset()["observation"].shape == (2, 3)
 
 
-def test_worker_killing_itself_is_reported_with_its_exit_code(no_leaks):
+@pytest.mark.parametrize("spin_s", [0.0, 0.002])
+def test_worker_killing_itself_is_reported_with_its_exit_code(spin_s, no_leaks):
+    """Blocking and spinning waits both notice a dead worker."""
     start = time.monotonic()
     with pytest.raises(WorkerDiedError, match=r"worker 1 .*SIGKILL") as info:
-        with ParallelEnv(2, [CountingEnv, SuicidalEnv]) as env:
+        with ParallelEnv(2, [CountingEnv, SuicidalEnv], spin_s=spin_s) as env:
             env.rollout(10, break_when_any_done=False)
     assert time.monotonic() - start < 10
     assert info.value.exitcode == -signal.SIGKILL
@@ -98,10 +102,11 @@ def test_worker_killed_from_outside(no_leaks):
     assert env.is_closed and env.worker_pids == []
 
 
-def test_stuck_step_times_out(no_leaks):
+@pytest.mark.parametrize("spin_s", [0.0, 0.002])
+def test_stuck_step_times_out(spin_s, no_leaks):
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match="worker 1 did not finish step within 1.5 s"):
-        with ParallelEnv(2, [CountingEnv, StuckEnv], timeout=1.5) as env:
+        with ParallelEnv(2, [CountingEnv, StuckEnv], timeout=1.5, spin_s=spin_s) as env:
             env.rollout(3)
     assert time.monotonic() - start < 10
 
