@@ -85,13 +85,13 @@ def markdown_table(results: list[dict]) -> str:
     ]
     for r in sorted((r for r in results if "steps_per_s" in r), key=_sort_key):
         ref = refs.get((r["workload"], r["num_envs"]))
+        spread = str(len(r.get("rounds_steps_per_s", [r["steps_per_s"]])))
         if "vs_serial" in r:
             ratio = f"{r['vs_serial']:.2f}"
             low, high = r["vs_serial_range"]
-            spread = f"{len(r['rounds_steps_per_s'])} ({low:.2f}–{high:.2f})"
+            spread += f" ({low:.2f}–{high:.2f})"
         else:
             ratio = f"{r['steps_per_s'] / ref:.2f}" if ref else "-"
-            spread = "1"
         lines.append(
             f"| {r['workload']} | {r['system']} "
             f"| {r.get('config_workers', r['num_workers'])} "

@@ -57,7 +57,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             return
         _, steps = message
         loop = BatchLoop(env, policy, steps, shared=True, reset_at_each_iter=config["reset_at_each_iter"],
-                         max_frames_per_traj=config["max_frames_per_traj"])
+                         max_frames_per_traj=config["max_frames_per_traj"], inference_mode=True)
         channel.conn.send(("storage", loop.storage))
         seen = [-1]
 

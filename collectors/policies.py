@@ -46,13 +46,16 @@ class DirectModule:
         self.out_keys = list(td_module.out_keys)
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        outputs = self.module(*[td.get(key) for key in self.in_keys])
+        for key, value in self.outputs([td.get(key) for key in self.in_keys]).items():
+            td.set(key, value)
+        return td
+
+    def outputs(self, inputs: list[torch.Tensor]) -> dict:
+        """``{out_key: tensor}`` from the input tensors (in ``in_keys`` order), no TensorDict involved."""
+        outputs = self.module(*inputs)
         if not isinstance(outputs, tuple):
             outputs = (outputs,)
-        for key, value in zip(self.out_keys, outputs):
-            if key != "_":
-                td.set(key, value)
-        return td
+        return {key: value for key, value in zip(self.out_keys, outputs) if key != "_"}
 
 
 class OnDevice:

@@ -119,7 +119,7 @@ class RayCollectorWorker:
         if self.loop is None:
             config = self.config
             self.loop = BatchLoop(self.env, self.policy, steps, reset_at_each_iter=config["reset_at_each_iter"],
-                                  max_frames_per_traj=config["max_frames_per_traj"])
+                                  max_frames_per_traj=config["max_frames_per_traj"], inference_mode=True)
         elif self.loop.steps != steps:
             raise ValueError(f"{OWNER}: this actor collects batches of {self.loop.steps} steps, not {steps}.")
         return self.loop

@@ -196,6 +196,39 @@ def test_direct_module_path_equals_tensordict_module():
     assert not isinstance(make_policy(selected, None), DirectModule) or selected.out_keys == ["a"]
 
 
+class SampleWithLogits(nn.Module):
+    """Samples the action from a linear layer's logits; returns (action, logits)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, obs):
+        logits = self.linear(obs)
+        return torch.multinomial(logits.softmax(-1), 1).squeeze(-1), logits
+
+
+@pytest.mark.parametrize("cls", [Collector, MultiSyncCollector])
+def test_direct_module_collects_what_the_tensordict_path_collects(cls, no_leaks):
+    """A plain TensorDictModule runs on the env's buffer tensors (no TensorDict per step); the batches must
+    be those of the same module called through a TensorDict (several outputs, sampling, episode ends)."""
+    torch.manual_seed(0)
+    module = TensorDictModule(SampleWithLogits(), ["observation"], ["action", "logits"])
+    batches = []
+    for policy in (module, lambda td: module(td)):
+        if cls is Collector:
+            collector = Collector(SerialEnv(2, cartpole), policy, frames_per_batch=128, total_frames=256)
+        else:
+            collector = MultiSyncCollector([functools.partial(SerialEnv, 2, cartpole)] * 2, policy,
+                                           frames_per_batch=128, total_frames=256)
+        collector.set_seed(3)
+        batches.append([b.clone() for b in collector])
+        collector.shutdown()
+    for direct, generic in zip(*batches):
+        assert "logits" in direct.keys() and direct["next", "done"].any()
+        assert (direct == generic).all()
+
+
 @pytest.mark.parametrize("cls", ["Collector", "MultiSyncCollector"])
 def test_set_seed_between_batches_starts_new_trajectories(cls, no_leaks):
     long_counting = functools.partial(CountingEnv, episode_len=100)
