@@ -1,4 +1,5 @@
-"""Batched TorchRL envs: ``SerialEnv`` (one process) and ``ParallelEnv`` (worker processes, shared memory)."""
+"""Batched TorchRL envs: ``SerialEnv`` (one process), ``ParallelEnv`` (worker processes, shared memory) and
+``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping)."""
 from .errors import (
     EnvWorkerError,
     MissingMainGuardError,
@@ -7,12 +8,14 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from .async_parallel import AsyncParallelEnv
 from .parallel import ParallelEnv
 from .pool import default_start_method
 from .serial import SerialEnv
 
 __all__ = [
     "ParallelEnv",
+    "AsyncParallelEnv",
     "SerialEnv",
     "default_start_method",
     "WorkerError",

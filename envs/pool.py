@@ -3,7 +3,8 @@ collectors), and WorkerChannel: a worker's end of it.
 
 Main process -> worker ``w``: write ``command[w]`` (an int code), release ``wake[w]``.
 Worker ``w`` -> main process: write ``status[w]`` (OK or FAILED, plus a report on the pipe), release
-``done[w]``. The pipe carries start-up messages, rare calls (code ``CALL``: ``(method, args)`` in,
+``done[w]`` — and, when the code carries the ``NOTIFY`` bit, then ``any_done`` too (one semaphore shared by
+all workers: :meth:`WorkerPool.wait_any` waits for whichever workers finish first). The pipe carries start-up messages, rare calls (code ``CALL``: ``(method, args)`` in,
 ``("result", value)`` out) and error reports — never per-step data. ``CLOSE`` ends a worker.
 
 While it waits, the main process checks every ``poll_s`` that the worker is alive (a dead one is a
@@ -34,6 +35,7 @@ import torch.multiprocessing as tmp
 from .errors import EnvWorkerError, MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError
 
 CALL, CLOSE = 100, 101
+NOTIFY = 0x100  # a command code with this bit also releases ``any_done`` when the worker finishes
 OK, FAILED = 0, 1
 IDLE_POLL_S = 1.0
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -116,6 +118,8 @@ class WorkerPool:
         self._status = self._status_tensor.numpy()
         self._context, self._target, self._args = context, target, args
         self._wake, self._done = [None] * num_workers, [None] * num_workers
+        self._any_done = context.Semaphore(0)
+        self._last_liveness_check = 0.0
         self.procs, self.conns = [None] * num_workers, [None] * num_workers
         self.restarts = [0] * num_workers
         try:
@@ -130,7 +134,7 @@ class WorkerPool:
         self._wake[w], self._done[w] = context.Semaphore(0), context.Semaphore(0)
         parent_conn, child_conn = context.Pipe()
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w],
-                                self._command_tensor, self._status_tensor, self.spin_s)
+                                self._command_tensor, self._status_tensor, self.spin_s, self._any_done)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
                                name=f"{self.owner}-worker-{w}", daemon=False)
         self.procs[w], self.conns[w] = proc, parent_conn
@@ -206,6 +210,55 @@ class WorkerPool:
             self._wake[w].release()
         self.wait(workers, code)
 
+    def start(self, code: int, workers) -> None:
+        """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
+        for w in workers:
+            self._command[w] = code | NOTIFY
+            self._wake[w].release()
+
+    def wait_any(self, n: int, in_flight, code: int) -> list[int]:
+        """Wait until ``n`` of the workers in ``in_flight`` (sent ``code`` with :meth:`start`) finished; return
+        those ``n``, in the order they were found done. Failures raise as in :meth:`wait` (the failed ones
+        among the ``n``; a dead or hung worker among ``in_flight`` too), with the workers found done so far
+        in the exception's ``finished``."""
+        during = self.command_names.get(code, f"command {code}")
+        pending, finished = list(in_flight), []
+        try:
+            self._wait_any(n, pending, finished, during)
+        except WorkerError as err:
+            err.finished = finished  # done (their results are dropped), like the failed ones
+            raise
+        return finished
+
+    def _wait_any(self, n: int, pending: list, finished: list, during: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        spin_until = time.perf_counter() + self.spin_s
+        while len(finished) < n:
+            acquired = _poll(self._any_done, spin_until) or self._any_done.acquire(timeout=self._poll_s)
+            # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
+            if not acquired or time.monotonic() - self._last_liveness_check > self._poll_s:
+                self._last_liveness_check = time.monotonic()
+                failures = {w: f for w in pending if (f := self._liveness_failure(w, during, deadline)) is not None}
+                if failures:
+                    self._raise_failures(failures)
+            if not acquired:
+                continue
+            for w in pending:
+                if self._done[w].acquire(False):
+                    pending.remove(w)
+                    finished.append(w)
+                    break
+        failures = {w: worker_error(w, self.conns[w].recv()[1]) for w in finished if self._status[w] != OK}
+        self._status[finished] = OK
+        if failures:
+            self._raise_failures(failures)
+
+    @staticmethod
+    def _raise_failures(failures: dict) -> None:
+        first = failures[min(failures)]
+        first.failures = failures
+        raise first
+
     def call(self, method: str, args_per_worker: list[tuple]) -> list:
         """Run ``method(*args)`` on each worker's call target; return the results in worker order."""
         self._command[:] = CALL
@@ -241,9 +294,7 @@ class WorkerPool:
             if code == CALL:
                 for w in set(workers) - set(failures):
                     self.conns[w].recv()
-            first = failures[min(failures)]
-            first.failures = failures
-            raise first
+            self._raise_failures(failures)
 
     def _liveness_failure(self, w: int, during: str, deadline: float):
         """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then
@@ -302,10 +353,10 @@ class WorkerChannel:
     """A worker's end of the pool: its pipe, its two semaphores and the shared command/status arrays."""
 
     def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
-                 spin_s: float = 0.0):
+                 spin_s: float = 0.0, any_done=None):
         self.index, self.conn, self.wake, self.done = index, conn, wake, done
         self.command_tensor, self.status_tensor = command, status
-        self.spin_s = spin_s
+        self.spin_s, self.any_done = spin_s, any_done
 
     def start(self) -> None:
         """First thing in a worker: die with the main process; leave Ctrl-C to the main process (which
@@ -341,6 +392,8 @@ class WorkerChannel:
                     return
                 continue
             code = int(command[index])
+            notify = bool(code & NOTIFY)
+            code &= ~NOTIFY
             if code == CLOSE:
                 status[index] = OK
                 self.done.release()
@@ -356,6 +409,8 @@ class WorkerChannel:
                 status[index] = FAILED
                 self.conn.send(("error", error_report(exc, names.get(code, f"command {code}"))))
             self.done.release()
+            if notify:
+                self.any_done.release()
             spin_until = time.perf_counter() + self.spin_s
 
 

@@ -1,0 +1,182 @@
+"""AsyncParallelEnv: a ParallelEnv that can also step its workers asynchronously (first finished, first served).
+
+With envs whose step time varies, a synchronous step waits for the slowest worker every time. Here the main
+process sends actions to some workers and takes back the results of whichever ``batch_workers`` workers
+finish first, while the others keep stepping::
+
+    env = AsyncParallelEnv(8, make_env, batch_workers=4, envs_per_worker=2)
+    env.async_reset()                       # every worker resets; none waited for
+    for _ in range(1000):
+        td = env.recv()                     # the envs of the first 4 workers done: batch [4 * 2]
+        env.send(policy(td))                # step those envs with td["action"]; returns at once
+
+``recv()`` returns a TensorDict of batch ``[batch_workers * envs_per_worker]`` with the root keys (the
+observation to act on: after an episode end, the reset observation), ``"next"`` (what the last step returned:
+observation, reward, done flags; after a reset: the reset observation, reward 0, flags False) and ``"env_ids"``
+(int64, the envs' indices in ``range(num_envs)``, whole workers in the order they finished). ``send(td)``
+takes back exactly such a batch (``"env_ids"`` plus the action keys). While workers are in flight, the
+synchronous ``EnvBase`` API (``step``, ``reset``, ``rollout``, ``set_seed``) raises; ``recv`` the rest first.
+Worker failures raise from ``recv`` as in ``ParallelEnv`` (a dead or hung worker closes the env); there is no
+automatic restart in asynchronous mode.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from .parallel import ParallelEnv
+from .worker import RESET, STEP
+
+
+class AsyncParallelEnv(ParallelEnv):
+    """A :class:`ParallelEnv` with ``async_reset`` / ``send`` / ``recv`` (see the module docstring).
+
+    Args:
+        batch_workers: how many workers' envs one ``recv()`` returns (``1 <= batch_workers <= num_workers``).
+        Every other argument as in :class:`ParallelEnv` (``max_restarts`` applies to the synchronous API only).
+    """
+
+    def __init__(self, num_workers: int, create_env_fn, create_env_kwargs=None, *, batch_workers: int, **kwargs):
+        if not isinstance(batch_workers, int) or not 1 <= batch_workers <= num_workers:
+            raise ValueError(
+                f"AsyncParallelEnv needs 1 <= batch_workers <= num_workers ({num_workers}), got {batch_workers!r}."
+            )
+        super().__init__(num_workers, create_env_fn, create_env_kwargs, **kwargs)
+        self.batch_workers = batch_workers
+        self._in_flight: list[int] = []  # workers sent a command, not yet received
+        self._received: set[int] = set()  # workers received and not yet sent
+        self._last_command = [RESET] * num_workers
+        k = self.envs_per_worker
+        self._rows = [torch.arange(w * k, (w + 1) * k) for w in range(num_workers)]
+        self._single_action_spec = self._specs.action
+
+    # ----------------------------------------------------------------- asynchronous API
+    def async_reset(self) -> None:
+        """Start resetting every env (seeded if :meth:`set_seed` was called); returns at once."""
+        self._ensure_open()
+        self._ensure_none_in_flight("async_reset()")
+        self._reset_mask[:] = True
+        self._pending_reset[:] = False
+        self._start(RESET, list(range(self.num_workers)))
+        self._received.clear()
+
+    def recv(self) -> TensorDictBase:
+        """The envs of the first ``batch_workers`` workers that finished (see the module docstring)."""
+        self._ensure_open()
+        if len(self._in_flight) < self.batch_workers:
+            raise RuntimeError(
+                f"recv() needs {self.batch_workers} workers in flight, {len(self._in_flight)} are: call "
+                "async_reset() first, and send() back every batch recv() returned."
+            )
+        code = STEP if any(self._last_command[w] == STEP for w in self._in_flight) else RESET
+        try:
+            workers = self._pool.wait_any(self.batch_workers, self._in_flight, code)
+        except WorkerError as err:
+            causes = getattr(err, "failures", {err.worker: err})
+            for w in {*causes, *getattr(err, "finished", [])}:  # no longer in flight; their results dropped
+                if w in self._in_flight:
+                    self._in_flight.remove(w)
+            if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in causes.values()):
+                self.close()
+            raise
+        except KeyboardInterrupt:
+            self.close()
+            raise
+        for w in workers:
+            self._in_flight.remove(w)
+            self._received.add(w)
+        return self._gather(workers)
+
+    def send(self, tensordict: TensorDictBase) -> None:
+        """Step the envs of a batch :meth:`recv` returned with its action entries; returns at once."""
+        self._ensure_open()
+        workers, rows = self._workers_of(tensordict)
+        actions = tensordict.select(*self.action_keys, strict=False)
+        self._write_rows(actions, rows)
+        for w in workers:
+            self._received.discard(w)
+        self._start(STEP, workers)
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Workers stepping or resetting asynchronously (sent, not yet received)."""
+        return list(self._in_flight)
+
+    # ----------------------------------------------------------------- internals
+    def _start(self, code: int, workers: list[int]) -> None:
+        for w in workers:
+            self._last_command[w] = code
+        self._pool.start(code, workers)
+        self._in_flight.extend(workers)
+
+    def _gather(self, workers: list[int]) -> TensorDictBase:
+        """Copies of the root and next rows of ``workers``' envs, with ``"env_ids"``."""
+        rows = torch.cat([self._rows[w] for w in workers])
+        out = self._root[rows]
+        next_ = self._next[rows]
+        k = self.envs_per_worker
+        for i, w in enumerate(workers):
+            if self._last_command[w] == RESET:  # nothing stepped yet: next = the reset state, reward 0
+                part = slice(i * k, (i + 1) * k)
+                for key in self.full_observation_spec.keys(True, True):
+                    next_.get(key)[part] = out.get(key)[part]
+                for key in (*self.reward_keys, *self.done_keys):
+                    next_.get(key)[part] = 0
+        out.set("next", next_)
+        out.set("env_ids", rows)
+        return out
+
+    def _workers_of(self, tensordict: TensorDictBase) -> tuple[list[int], torch.Tensor]:
+        """The workers whose envs ``tensordict["env_ids"]`` names; they must be whole workers that recv()
+        returned and that were not sent back yet."""
+        env_ids = tensordict.get("env_ids", None)
+        if env_ids is None:
+            raise KeyError('send() needs the "env_ids" entry of the batch recv() returned.')
+        env_ids = env_ids.reshape(-1).to(torch.int64)
+        k = self.envs_per_worker
+        workers = list(dict.fromkeys((env_ids // k).tolist()))
+        expected = torch.cat([self._rows[w] for w in workers]) if workers else env_ids
+        if not torch.equal(env_ids, expected) or any(not 0 <= w < self.num_workers for w in workers):
+            raise ValueError(
+                f"send() takes whole workers' envs in the order recv() returned them (envs_per_worker={k}); "
+                f"got env_ids {env_ids.tolist()}."
+            )
+        stray = [w for w in workers if w not in self._received]
+        if stray:
+            raise ValueError(
+                f"send(): worker(s) {stray} (envs {[self._rows[w].tolist() for w in stray]}) are not waiting for "
+                "actions: send back only what recv() returned, once."
+            )
+        return workers, env_ids
+
+    def _write_rows(self, actions: TensorDictBase, rows: torch.Tensor) -> None:
+        """Check the actions for ``rows`` (shape, dtype, values) and copy them into the action buffer."""
+        n = rows.numel()
+        spec = self._single_action_spec.expand(n)
+        for key, buffer, _ in self._action_slots:
+            value = actions.get(key, None)
+            expected = (n, *buffer.shape[1:])
+            if value is None or tuple(value.shape) != expected or value.dtype != buffer.dtype:
+                got = "nothing" if value is None else f"shape {tuple(value.shape)} and dtype {value.dtype}"
+                raise ValueError(
+                    f"send(): {key!r} must have shape {expected} and dtype {buffer.dtype} ({n} envs); got {got}."
+                )
+            if self.check_actions and not spec[key].is_in(value):
+                raise ValueError(f"send(): {key!r} holds values outside its action spec; nothing was sent.")
+        for key, buffer, _ in self._action_slots:
+            buffer[rows] = actions.get(key)
+
+    def _ensure_none_in_flight(self, what: str) -> None:
+        if getattr(self, "_in_flight", None):
+            raise RuntimeError(
+                f"AsyncParallelEnv: {what} while workers {sorted(self._in_flight)} are stepping asynchronously; "
+                "recv() their results first."
+            )
+
+    def _run(self, fn, *args):
+        """Every synchronous command (step, reset, rollout, set_seed) comes here: refused while workers are
+        in flight; batches received and not sent back are dropped."""
+        self._ensure_none_in_flight("the synchronous API (step, reset, rollout, set_seed)")
+        self._received = set()
+        return super()._run(fn, *args)

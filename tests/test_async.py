@@ -1,0 +1,137 @@
+"""AsyncParallelEnv: first-finished-first-served stepping, its data, its errors and its clean-up."""
+import functools
+import time
+
+import pytest
+import torch
+
+from envs import AsyncParallelEnv, EnvWorkerError, WorkerDiedError
+from tests.helpers import CountingEnv, FaultyEnv, SlowEnv, SuicidalEnv, cartpole
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def send_actions(env, td, action):
+    td["action"] = torch.full((td.shape[0],), action)
+    env.send(td)
+
+
+def test_batches_are_whole_workers_with_their_own_data(no_leaks):
+    with AsyncParallelEnv(3, functools.partial(CountingEnv, episode_len=4), batch_workers=2,
+                          envs_per_worker=2) as env:
+        env.async_reset()
+        steps = torch.zeros(6, dtype=torch.long)  # steps taken by each env since its episode began
+        for i in range(30):
+            td = env.recv()
+            ids = td["env_ids"]
+            assert td.batch_size == (4,) and ids.shape == (4,)
+            workers = set((ids // 2).tolist())
+            assert len(workers) == 2 and torch.equal(ids[::2] + 1, ids[1::2])
+            assert torch.equal(td["observation"][:, 0], steps[ids].float())  # each env's own counter
+            assert set(env.in_flight) | workers == {0, 1, 2}
+            action = i % 3
+            send_actions(env, td, action)
+            steps[ids] = (steps[ids] + 1) % 4
+        td = env.recv()
+        # each env's last step used the action sent to it: the observation records it, the reward is it
+        assert torch.equal(td["next", "observation"][:, 1], td["next", "reward"].squeeze(-1))
+
+
+def test_reset_batches_report_the_reset_state(no_leaks):
+    with AsyncParallelEnv(2, CountingEnv, batch_workers=2) as env:
+        env.set_seed(5)
+        env.async_reset()
+        td = env.recv()
+        assert torch.equal(td["observation"], td["next", "observation"])
+        seeds = dict(zip(td["env_ids"].tolist(), td["observation"][:, 2].tolist()))
+        assert seeds == {0: 5.0, 1: 6.0}  # seeded: env i with seed + i
+        assert not td["next", "done"].any() and (td["next", "reward"] == 0).all()
+
+
+def test_fast_workers_are_served_more_often(no_leaks):
+    """With one slow worker and batch_workers=1, the fast one comes back many times per slow step."""
+    factories = [functools.partial(SlowEnv, delay=0.2), CountingEnv]
+    with AsyncParallelEnv(2, factories, batch_workers=1) as env:
+        env.async_reset()
+        served = []
+        for _ in range(12):
+            td = env.recv()
+            served.append(int(td["env_ids"][0]))
+            send_actions(env, td, 1)
+        assert served.count(1) >= 8, served
+
+
+def test_episode_ends_auto_reset(no_leaks):
+    with AsyncParallelEnv(2, functools.partial(CountingEnv, episode_len=2), batch_workers=1) as env:
+        env.async_reset()
+        ended = 0
+        for _ in range(12):
+            td = env.recv()
+            done = td["next", "done"].squeeze(-1)
+            ended += int(done.sum())
+            assert (td["observation"][done, 0] == 0).all()  # the reset observation where an episode ended
+            send_actions(env, td, 1)
+        assert ended > 0
+
+
+def test_misuse_is_refused_with_a_clear_error(no_leaks):
+    with AsyncParallelEnv(2, cartpole, batch_workers=1, envs_per_worker=2) as env:
+        with pytest.raises(RuntimeError, match="call async_reset"):
+            env.recv()
+        env.async_reset()
+        with pytest.raises(RuntimeError, match="stepping asynchronously"):
+            env.rollout(3)
+        with pytest.raises(RuntimeError, match="stepping asynchronously"):
+            env.async_reset()
+        td = env.recv()
+        w = int(td["env_ids"][0]) // 2
+        with pytest.raises(ValueError, match="whole workers"):
+            env.send(td[:1].set("action", torch.zeros(1, dtype=torch.long)))
+        with pytest.raises(ValueError, match=r"must have shape \(2,\)"):
+            env.send(td.set("action", torch.zeros(2, 1, dtype=torch.long)))
+        with pytest.raises(ValueError, match="outside its action spec"):
+            env.send(td.set("action", torch.full((2,), 7)))
+        other = 1 - w
+        with pytest.raises(ValueError, match=rf"worker\(s\) \[{other}\]"):
+            env.send(td.clone().set("env_ids", torch.tensor([2 * other, 2 * other + 1])))
+        send_actions(env, td, 0)
+        with pytest.raises(ValueError, match="not waiting for actions"):
+            send_actions(env, td, 0)
+        env.recv()
+        env.recv()
+        assert env.reset()["observation"].shape == (4, 4)  # nothing in flight: the synchronous API works
+    with pytest.raises(ValueError, match="batch_workers"):
+        AsyncParallelEnv(2, cartpole, batch_workers=3)
+
+
+def test_exception_in_an_async_step_surfaces_in_recv(no_leaks):
+    factories = [CountingEnv, functools.partial(FaultyEnv, "step", at_step=2)]
+    with AsyncParallelEnv(2, factories, batch_workers=2) as env:
+        env.async_reset()
+        send_actions(env, env.recv(), 1)
+        send_actions(env, env.recv(), 1)
+        with pytest.raises(EnvWorkerError, match="worker 1 raised ValueError during step: boom in step 2"):
+            env.recv()
+        assert env.in_flight == []  # both finished; the batch is dropped and the env can start again
+        env.async_reset()
+        assert env.recv()["observation"].shape == (2, 3)
+
+
+def test_dead_worker_in_flight_closes_the_env(no_leaks):
+    """Worker 1 dies while worker 0 keeps answering every recv(): the death still surfaces, within a second."""
+    with pytest.raises(WorkerDiedError, match="worker 1"):
+        with AsyncParallelEnv(2, [CountingEnv, SuicidalEnv], batch_workers=1) as env:
+            env.async_reset()
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                send_actions(env, env.recv(), 1)
+    assert time.monotonic() < end - 3
+    assert env.is_closed
+
+
+def test_close_with_workers_in_flight_leaves_nothing(no_leaks):
+    env = AsyncParallelEnv(2, functools.partial(SlowEnv, delay=0.3), batch_workers=1)
+    env.async_reset()
+    send_actions(env, env.recv(), 1)
+    env.close()
+    assert env.is_closed and env.worker_pids == []
