@@ -11,7 +11,6 @@ worker start-up counts (as it does for SB3, whose clock starts before its vec-en
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections import deque
@@ -24,7 +23,7 @@ from torch import nn
 from collectors import MultiSyncCollector
 from envs import SerialEnv
 
-from .sb3_ppo_cartpole import SOLVE_RETURN, SOLVE_WINDOW, solve_time_sb3
+from .sb3_ppo_cartpole import SOLVE_RETURN, SOLVE_WINDOW, solve_time_sb3, write_json
 
 SETTINGS = dict(num_workers=2, envs_per_worker=16, steps_per_batch=16, max_frames=150_000, gamma=0.98,
                 lmbda=0.8, epochs=20, minibatch=512, lr=3e-3, lr_decay_frames=100_000, clip=0.2,
@@ -129,9 +128,7 @@ def main(argv=None) -> int:
         print(f"| {rows[0]['system']} | {len(rows)} | {sum(r['solved'] for r in rows)} | "
               f"{statistics.median(r['seconds'] for r in rows):.1f} | "
               f"{statistics.median(r['frames'] for r in rows):,.0f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

@@ -117,6 +117,13 @@ def solve_time_sb3(vec_env_cls_name: str, seed: int,
             "episodes": callback.episodes}
 
 
+def write_json(path: str | None, results: list[dict]) -> None:
+    """Write ``results`` to ``path`` (nothing when ``path`` is None): the ``--json`` option of the PPO CLIs."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main(argv=None) -> int:
     """CLI: run every (vec-env class, seed) pair and print the results."""
     p = argparse.ArgumentParser(description="SB3 PPO CartPole time to solve")
@@ -135,9 +142,7 @@ def main(argv=None) -> int:
             print(f"{name:14s} seed={seed} threads={r['torch_threads']} "
                   f"solved={r['solved']!s:5s} "
                   f"{r['seconds']:6.2f} s  {r['frames']:7d} frames", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 
