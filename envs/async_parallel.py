@@ -21,11 +21,13 @@ automatic restart in asynchronous mode.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from .parallel import ParallelEnv
+from .specs import value_checker
 from .worker import RESET, STEP
 
 
@@ -48,8 +50,14 @@ class AsyncParallelEnv(ParallelEnv):
         self._received: set[int] = set()  # workers received and not yet sent
         self._last_command = [RESET] * num_workers
         k = self.envs_per_worker
-        self._rows = [torch.arange(w * k, (w + 1) * k) for w in range(num_workers)]
+        self._slices = [slice(w * k, (w + 1) * k) for w in range(num_workers)]
+        # numpy views of the buffers, copied from per recv: (key, array) for the root and "next" leaves
+        self._root_arrays = [(key, self._root.get(key).numpy()) for key in self._root.keys(True, True)]
+        self._next_arrays = [(key, self._next.get(key).numpy()) for key in self._next.keys(True, True)]
+        self._observation_keys = set(self.full_observation_spec.keys(True, True))
+        self._action_arrays = [(key, buffer.numpy()) for key, buffer, _ in self._action_slots]
         self._single_action_spec = self._specs.action
+        self._action_checks = {}  # batch size -> {action key: value check}
 
     # ----------------------------------------------------------------- asynchronous API
     def async_reset(self) -> None:
@@ -91,9 +99,8 @@ class AsyncParallelEnv(ParallelEnv):
     def send(self, tensordict: TensorDictBase) -> None:
         """Step the envs of a batch :meth:`recv` returned with its action entries; returns at once."""
         self._ensure_open()
-        workers, rows = self._workers_of(tensordict)
-        actions = tensordict.select(*self.action_keys, strict=False)
-        self._write_rows(actions, rows)
+        workers = self._workers_of(tensordict)
+        self._write_rows(tensordict, workers)
         for w in workers:
             self._received.discard(w)
         self._start(STEP, workers)
@@ -112,48 +119,50 @@ class AsyncParallelEnv(ParallelEnv):
 
     def _gather(self, workers: list[int]) -> TensorDictBase:
         """Copies of the root and next rows of ``workers``' envs, with ``"env_ids"``."""
-        rows = torch.cat([self._rows[w] for w in workers])
-        out = self._root[rows]
-        next_ = self._next[rows]
+        slices = [self._slices[w] for w in workers]
+        root = {key: _take(array, slices) for key, array in self._root_arrays}
+        next_ = {key: _take(array, slices) for key, array in self._next_arrays}
         k = self.envs_per_worker
         for i, w in enumerate(workers):
             if self._last_command[w] == RESET:  # nothing stepped yet: next = the reset state, reward 0
                 part = slice(i * k, (i + 1) * k)
-                for key in self.full_observation_spec.keys(True, True):
-                    next_.get(key)[part] = out.get(key)[part]
-                for key in (*self.reward_keys, *self.done_keys):
-                    next_.get(key)[part] = 0
-        out.set("next", next_)
-        out.set("env_ids", rows)
-        return out
+                for key, array in next_.items():
+                    array[part] = root[key][part] if key in self._observation_keys else 0
+        env_ids = np.concatenate([np.arange(s.start, s.stop) for s in slices])
+        source = _nest({**root, "env_ids": env_ids})
+        source["next"] = _nest(next_)
+        return TensorDict(source, batch_size=[len(env_ids)])
 
-    def _workers_of(self, tensordict: TensorDictBase) -> tuple[list[int], torch.Tensor]:
+    def _workers_of(self, tensordict: TensorDictBase) -> list[int]:
         """The workers whose envs ``tensordict["env_ids"]`` names; they must be whole workers that recv()
         returned and that were not sent back yet."""
         env_ids = tensordict.get("env_ids", None)
         if env_ids is None:
             raise KeyError('send() needs the "env_ids" entry of the batch recv() returned.')
-        env_ids = env_ids.reshape(-1).to(torch.int64)
-        k = self.envs_per_worker
-        workers = list(dict.fromkeys((env_ids // k).tolist()))
-        expected = torch.cat([self._rows[w] for w in workers]) if workers else env_ids
-        if not torch.equal(env_ids, expected) or any(not 0 <= w < self.num_workers for w in workers):
+        ids, k = (env_ids if env_ids.dim() == 1 else env_ids.reshape(-1)).tolist(), self.envs_per_worker
+        workers = [ids[i] // k for i in range(0, len(ids), k)]
+        whole = all(0 <= w < self.num_workers and ids[i * k:(i + 1) * k] == list(range(w * k, (w + 1) * k))
+                    for i, w in enumerate(workers))
+        if not whole or len(set(workers)) != len(workers):
             raise ValueError(
                 f"send() takes whole workers' envs in the order recv() returned them (envs_per_worker={k}); "
-                f"got env_ids {env_ids.tolist()}."
+                f"got env_ids {ids}."
             )
         stray = [w for w in workers if w not in self._received]
         if stray:
             raise ValueError(
-                f"send(): worker(s) {stray} (envs {[self._rows[w].tolist() for w in stray]}) are not waiting for "
-                "actions: send back only what recv() returned, once."
+                f"send(): worker(s) {stray} (envs {[list(range(w * k, (w + 1) * k)) for w in stray]}) are not "
+                "waiting for actions: send back only what recv() returned, once."
             )
-        return workers, env_ids
+        return workers
 
-    def _write_rows(self, actions: TensorDictBase, rows: torch.Tensor) -> None:
-        """Check the actions for ``rows`` (shape, dtype, values) and copy them into the action buffer."""
-        n = rows.numel()
-        spec = self._single_action_spec.expand(n)
+    def _write_rows(self, actions: TensorDictBase, workers: list[int]) -> None:
+        """Check the actions for ``workers``' envs (shape, dtype, values); copy them into the action buffer."""
+        n = len(workers) * self.envs_per_worker
+        if n not in self._action_checks:
+            spec = self._single_action_spec.expand(n)
+            self._action_checks[n] = {key: value_checker(spec[key]) for key, _, _ in self._action_slots}
+        values = []
         for key, buffer, _ in self._action_slots:
             value = actions.get(key, None)
             expected = (n, *buffer.shape[1:])
@@ -162,10 +171,13 @@ class AsyncParallelEnv(ParallelEnv):
                 raise ValueError(
                     f"send(): {key!r} must have shape {expected} and dtype {buffer.dtype} ({n} envs); got {got}."
                 )
-            if self.check_actions and not spec[key].is_in(value):
+            if self.check_actions and not self._action_checks[n][key](value):
                 raise ValueError(f"send(): {key!r} holds values outside its action spec; nothing was sent.")
-        for key, buffer, _ in self._action_slots:
-            buffer[rows] = actions.get(key)
+            values.append(value.detach().cpu().numpy())
+        k = self.envs_per_worker
+        for (_, array), value in zip(self._action_arrays, values):
+            for i, w in enumerate(workers):
+                array[self._slices[w]] = value[i * k:(i + 1) * k]
 
     def _ensure_none_in_flight(self, what: str) -> None:
         if getattr(self, "_in_flight", None):
@@ -180,3 +192,21 @@ class AsyncParallelEnv(ParallelEnv):
         self._ensure_none_in_flight("the synchronous API (step, reset, rollout, set_seed)")
         self._received = set()
         return super()._run(fn, *args)
+
+
+def _take(array: np.ndarray, slices: list[slice]) -> torch.Tensor:
+    """A new tensor with the rows of ``array`` in ``slices``, in order."""
+    rows = array[slices[0]].copy() if len(slices) == 1 else np.concatenate([array[s] for s in slices])
+    return torch.from_numpy(rows)
+
+
+def _nest(flat: dict) -> dict:
+    """``{key or key tuple: value}`` -> nested dicts (a TensorDict source)."""
+    nested: dict = {}
+    for key, value in flat.items():
+        *path, leaf = key if isinstance(key, tuple) else (key,)
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
+    return nested

@@ -20,6 +20,7 @@ from torchrl.envs import EnvBase
 
 from .rollout import random_rollout, policy_rollout
 from .shared import EnvSpecs
+from .specs import value_checker
 
 
 class BatchedEnv(EnvBase):
@@ -40,6 +41,7 @@ class BatchedEnv(EnvBase):
             (key, buffers.get(("action", *_as_tuple(key))), self.full_action_spec[key])
             for key in self.full_action_spec.keys(True, True)
         ]
+        self._value_checks = {key: value_checker(spec) for key, _, spec in self._action_slots}
         self._next_done = self._next.get("done").numpy().reshape(num_envs)
         # envs that ended in the last step and whose reset observation already sits in the root buffer
         self._pending_reset = np.zeros(num_envs, dtype=bool)
@@ -126,7 +128,7 @@ class BatchedEnv(EnvBase):
                     f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: "
                     f"{type(spec).__name__}."
                 )
-            if check and not spec.is_in(value):
+            if check and not self._value_checks[key](value):
                 raise ValueError(
                     f"{key!r} holds values outside its spec ({_bounds(spec)}); nothing was sent to the envs."
                 )

@@ -112,3 +112,34 @@ def _key_name(key) -> str:
 
 def _describe(spec: TensorSpec) -> str:
     return f"{type(spec).__name__} shape={tuple(spec.shape)} dtype={spec.dtype}"
+
+
+_NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                 torch.uint8}
+
+
+def value_checker(spec: TensorSpec):
+    """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
+    caller's to check)? ``Categorical`` (integers) and ``Bounded`` specs are checked with numpy reductions on
+    the CPU (a few µs); any other spec, or a value on another device, goes through ``spec.is_in``."""
+    if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
+        n = int(spec.space.n)
+
+        def check_categorical(value: torch.Tensor) -> bool:
+            if value.device.type != "cpu":
+                return bool(spec.is_in(value))
+            array = value.detach().numpy()
+            return array.size == 0 or (array.min() >= 0 and array.max() < n)
+
+        return check_categorical
+    if type(spec) is Bounded and spec.dtype in _NUMPY_DTYPES:
+        low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
+
+        def check_bounded(value: torch.Tensor) -> bool:
+            if value.device.type != "cpu":
+                return bool(spec.is_in(value))
+            array = value.detach().numpy()
+            return bool(((array >= low) & (array <= high)).all())
+
+        return check_bounded
+    return lambda value: bool(spec.is_in(value))

@@ -58,3 +58,26 @@ def test_spec_differences_lists_the_keys():
     assert any(d.startswith("x (") for d in diffs)
     assert "y (missing)" in diffs and "z (unexpected)" in diffs
     assert spec_differences(a, a.clone()) == []
+
+
+def test_value_checker_agrees_with_is_in():
+    """The fast value checks (numpy reductions) say what ``spec.is_in`` says, NaN and bfloat16 included."""
+    from torchrl.data import Bounded, Categorical, MultiCategorical
+
+    from envs.specs import value_checker
+
+    cases = [
+        (Categorical(3, shape=(4,)), [torch.tensor([0, 1, 2, 2]), torch.tensor([0, 3, 1, 1]),
+                                      torch.tensor([-1, 0, 0, 0])]),
+        (Bounded(-1.0, 2.0, shape=(2, 2)), [torch.tensor([[0.0, 2.0], [-1.0, 1.5]]),
+                                            torch.tensor([[0.0, 2.5], [0.0, 0.0]]),
+                                            torch.tensor([[float("nan"), 0.0], [0.0, 0.0]])]),
+        (Bounded(-1.0, 1.0, shape=(2,), dtype=torch.bfloat16), [torch.zeros(2, dtype=torch.bfloat16),
+                                                                 torch.full((2,), 3.0, dtype=torch.bfloat16)]),
+        (MultiCategorical([2, 3], shape=(2,)), [torch.tensor([1, 2]), torch.tensor([2, 0])]),
+    ]
+    for spec, values in cases:
+        check = value_checker(spec)
+        verdicts = [check(v) for v in values]
+        assert verdicts == [bool(spec.is_in(v)) for v in values], (spec, verdicts)
+        assert verdicts[0] and not all(verdicts)
