@@ -102,6 +102,36 @@ def markdown_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def wide_table(results: list[dict]) -> str:
+    """One row per (workload, workers x envs/worker), one column per system: steps/s and, in parentheses,
+    the ratio to ``serial`` (``vs_serial`` when the rounds were paired)."""
+    refs = _reference_rates(results)
+    systems = sorted({r["system"] for r in results if "steps_per_s" in r},
+                     key=lambda name: (name != REFERENCE, name))
+    points = defaultdict(dict)
+    for r in results:
+        if "steps_per_s" in r:
+            key = (r["workload"], r.get("config_workers", r["num_workers"]),
+                   r.get("config_envs_per_worker", r["envs_per_worker"]))
+            points[key][r["system"]] = r
+    lines = ["| workload | workers × envs | " + " | ".join(systems) + " |",
+             "|---|---|" + "---:|" * len(systems)]
+    for (workload, workers, epw), row in sorted(points.items()):
+        cells = []
+        for system in systems:
+            r = row.get(system)
+            if r is None:
+                cells.append("-")
+            elif system == REFERENCE:
+                cells.append(f"{r['steps_per_s']:,.0f}")
+            else:
+                ref = refs.get((workload, r["num_envs"]))
+                ratio = r.get("vs_serial", r["steps_per_s"] / ref if ref else None)
+                cells.append(f"{r['steps_per_s']:,.0f}" + (f" ({ratio:.2f}×)" if ratio else ""))
+        lines.append(f"| {workload} | {workers} × {epw} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def startup_table(records: list[dict]) -> str:
     """Markdown table of :func:`measure_startup` records."""
     lines = [

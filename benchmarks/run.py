@@ -228,7 +228,8 @@ def main(argv=None) -> int:
         {"meta": meta, "results": results, "runs": runs, "startup": startup},
         indent=1))
     table = report.markdown_table(results)
-    text = f"# Env stepping throughput\n\n`{meta['environment']}`\n\n{table}\n"
+    text = (f"# Env stepping throughput\n\n`{meta['environment']}`\n\n"
+            f"{report.wide_table(results)}\n\n## Every point\n\n{table}\n")
     if startup:
         text += f"\n## Start-up and worker memory\n\n{report.startup_table(startup)}\n"
     (out / "results.md").write_text(text)

@@ -27,6 +27,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from .parallel import ParallelEnv
+from .shared import numpy_view
 from .specs import value_checker
 from .worker import RESET, STEP
 
@@ -52,10 +53,12 @@ class AsyncParallelEnv(ParallelEnv):
         k = self.envs_per_worker
         self._slices = [slice(w * k, (w + 1) * k) for w in range(num_workers)]
         # numpy views of the buffers, copied from per recv: (key, array) for the root and "next" leaves
-        self._root_arrays = [(key, self._root.get(key).numpy()) for key in self._root.keys(True, True)]
-        self._next_arrays = [(key, self._next.get(key).numpy()) for key in self._next.keys(True, True)]
+        self._root_arrays = [(key, numpy_view(self._root.get(key))) for key in self._root.keys(True, True)]
+        self._next_arrays = [(key, numpy_view(self._next.get(key))) for key in self._next.keys(True, True)]
+        self._dtypes = {key: self._root.get(key).dtype for key in self._root.keys(True, True)}
+        self._next_dtypes = {key: self._next.get(key).dtype for key in self._next.keys(True, True)}
         self._observation_keys = set(self.full_observation_spec.keys(True, True))
-        self._action_arrays = [(key, buffer.numpy()) for key, buffer, _ in self._action_slots]
+        self._action_arrays = [numpy_view(buffer) for _, buffer, _ in self._action_slots]
         self._single_action_spec = self._specs.action
         self._action_checks = {}  # batch size -> {action key: value check}
 
@@ -129,8 +132,8 @@ class AsyncParallelEnv(ParallelEnv):
                 for key, array in next_.items():
                     array[part] = root[key][part] if key in self._observation_keys else 0
         env_ids = np.concatenate([np.arange(s.start, s.stop) for s in slices])
-        source = _nest({**root, "env_ids": env_ids})
-        source["next"] = _nest(next_)
+        source = _nest({**root, "env_ids": env_ids}, self._dtypes)
+        source["next"] = _nest(next_, self._next_dtypes)
         return TensorDict(source, batch_size=[len(env_ids)])
 
     def _workers_of(self, tensordict: TensorDictBase) -> list[int]:
@@ -173,9 +176,9 @@ class AsyncParallelEnv(ParallelEnv):
                 )
             if self.check_actions and not self._action_checks[n][key](value):
                 raise ValueError(f"send(): {key!r} holds values outside its action spec; nothing was sent.")
-            values.append(value.detach().cpu().numpy())
+            values.append(numpy_view(value.detach().cpu()))
         k = self.envs_per_worker
-        for (_, array), value in zip(self._action_arrays, values):
+        for array, value in zip(self._action_arrays, values):
             for i, w in enumerate(workers):
                 array[self._slices[w]] = value[i * k:(i + 1) * k]
 
@@ -194,19 +197,21 @@ class AsyncParallelEnv(ParallelEnv):
         return super()._run(fn, *args)
 
 
-def _take(array: np.ndarray, slices: list[slice]) -> torch.Tensor:
-    """A new tensor with the rows of ``array`` in ``slices``, in order."""
-    rows = array[slices[0]].copy() if len(slices) == 1 else np.concatenate([array[s] for s in slices])
-    return torch.from_numpy(rows)
+def _take(array: np.ndarray, slices: list[slice]) -> np.ndarray:
+    """A new array with the rows of ``array`` in ``slices``, in order."""
+    return array[slices[0]].copy() if len(slices) == 1 else np.concatenate([array[s] for s in slices])
 
 
-def _nest(flat: dict) -> dict:
-    """``{key or key tuple: value}`` -> nested dicts (a TensorDict source)."""
+def _nest(flat: dict, dtypes: dict) -> dict:
+    """``{key or key tuple: array}`` -> nested dicts of tensors (a TensorDict source), each viewed as its
+    ``dtypes[key]`` (numpy_view stores dtypes numpy lacks as same-size ints)."""
     nested: dict = {}
     for key, value in flat.items():
         *path, leaf = key if isinstance(key, tuple) else (key,)
         node = nested
         for part in path:
             node = node.setdefault(part, {})
-        node[leaf] = value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
+        tensor = torch.from_numpy(value)
+        dtype = dtypes.get(key, tensor.dtype)
+        node[leaf] = tensor if tensor.dtype == dtype else tensor.view(dtype)
     return nested

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
+from .shared import numpy_view
+
 
 def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_done: bool) -> TensorDictBase:
     """Random actions from ``env.action_spec``, drawn for all steps at once; each step's buffers are copied
@@ -17,7 +19,7 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     root_keys = list(env._root.keys(True, True))
     next_keys = list(env._next.keys(True, True))
     # (destination [num_envs, steps, ...], source [num_envs, ...]) pairs
-    actions = [(_np(buffer), _np(storage.get(key))) for key, buffer, _ in env._action_slots]
+    actions = [(numpy_view(buffer), numpy_view(storage.get(key))) for key, buffer, _ in env._action_slots]
     roots = [(storage.get(k), env._root.get(k)) for k in root_keys]
     nexts = [(storage.get(("next", *_as_tuple(k))), env._next.get(k)) for k in next_keys]
     for dst, src in zip([d for d, _ in roots], [root.get(k) for k in root_keys]):
@@ -48,20 +50,9 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
 def _split_by_size(pairs, large_bytes: int = 16384):
     """(small pairs as numpy arrays, large pairs as tensors): numpy slices are cheaper to make, torch copies
     large blocks faster."""
-    small = [(_np(dst), _np(src)) for dst, src in pairs if src.numel() * src.element_size() < large_bytes]
+    small = [(numpy_view(dst), numpy_view(src)) for dst, src in pairs if src.numel() * src.element_size() < large_bytes]
     large = [(dst, src) for dst, src in pairs if src.numel() * src.element_size() >= large_bytes]
     return small, large
-
-
-def _np(tensor: torch.Tensor):
-    """A numpy view of a CPU tensor; dtypes numpy lacks (bfloat16, ...) are viewed as same-size ints."""
-    try:
-        return tensor.numpy()
-    except TypeError:
-        return tensor.view(_SAME_SIZE_INT[tensor.element_size()]).numpy()
-
-
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def policy_rollout(env, root: TensorDictBase, policy, max_steps: int, break_when_any_done: bool) -> TensorDictBase:

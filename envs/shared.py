@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Composite
 
@@ -83,6 +85,17 @@ class BufferViews:
         self.root_np = numpy_tree(self.root)
         self.next_np = numpy_tree(self.next)
         self.action_np = numpy_tree(self.action)
+
+
+def numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor; dtypes numpy lacks (bfloat16, ...) are viewed as same-size ints."""
+    try:
+        return tensor.numpy()
+    except TypeError:
+        return tensor.view(_SAME_SIZE_INT[tensor.element_size()]).numpy()
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def numpy_tree(td: TensorDictBase) -> dict:
