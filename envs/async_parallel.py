@@ -52,11 +52,9 @@ class AsyncParallelEnv(ParallelEnv):
         self._last_command = [RESET] * num_workers
         k = self.envs_per_worker
         self._slices = [slice(w * k, (w + 1) * k) for w in range(num_workers)]
-        # numpy views of the buffers, copied from per recv: (key, array) for the root and "next" leaves
-        self._root_arrays = [(key, numpy_view(self._root.get(key))) for key in self._root.keys(True, True)]
-        self._next_arrays = [(key, numpy_view(self._next.get(key))) for key in self._next.keys(True, True)]
-        self._dtypes = {key: self._root.get(key).dtype for key in self._root.keys(True, True)}
-        self._next_dtypes = {key: self._next.get(key).dtype for key in self._next.keys(True, True)}
+        # numpy views of the buffers, copied from per recv: (key, array, tensor dtype) for the root and "next"
+        self._root_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self._root.items(True, True)]
+        self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self._next.items(True, True)]
         self._observation_keys = set(self.full_observation_spec.keys(True, True))
         self._action_arrays = [numpy_view(buffer) for _, buffer, _ in self._action_slots]
         self._single_action_spec = self._specs.action
@@ -123,18 +121,18 @@ class AsyncParallelEnv(ParallelEnv):
     def _gather(self, workers: list[int]) -> TensorDictBase:
         """Copies of the root and next rows of ``workers``' envs, with ``"env_ids"``."""
         slices = [self._slices[w] for w in workers]
-        root = {key: _take(array, slices) for key, array in self._root_arrays}
-        next_ = {key: _take(array, slices) for key, array in self._next_arrays}
+        root = {key: _take(array, slices) for key, array, _ in self._root_arrays}
+        next_ = {key: _take(array, slices) for key, array, _ in self._next_arrays}
         k = self.envs_per_worker
         for i, w in enumerate(workers):
             if self._last_command[w] == RESET:  # nothing stepped yet: next = the reset state, reward 0
                 part = slice(i * k, (i + 1) * k)
                 for key, array in next_.items():
                     array[part] = root[key][part] if key in self._observation_keys else 0
-        env_ids = np.concatenate([np.arange(s.start, s.stop) for s in slices])
-        source = _nest({**root, "env_ids": env_ids}, self._dtypes)
-        source["next"] = _nest(next_, self._next_dtypes)
-        return TensorDict(source, batch_size=[len(env_ids)])
+        source = _nest({key: _tensor(root[key], dtype) for key, _, dtype in self._root_arrays})
+        source["next"] = _nest({key: _tensor(next_[key], dtype) for key, _, dtype in self._next_arrays})
+        source["env_ids"] = torch.from_numpy(np.concatenate([np.arange(s.start, s.stop) for s in slices]))
+        return TensorDict(source, batch_size=[len(source["env_ids"])])
 
     def _workers_of(self, tensordict: TensorDictBase) -> list[int]:
         """The workers whose envs ``tensordict["env_ids"]`` names; they must be whole workers that recv()
@@ -159,26 +157,16 @@ class AsyncParallelEnv(ParallelEnv):
             )
         return workers
 
-    def _write_rows(self, actions: TensorDictBase, workers: list[int]) -> None:
+    def _write_rows(self, tensordict: TensorDictBase, workers: list[int]) -> None:
         """Check the actions for ``workers``' envs (shape, dtype, values); copy them into the action buffer."""
         n = len(workers) * self.envs_per_worker
         if n not in self._action_checks:
             spec = self._single_action_spec.expand(n)
             self._action_checks[n] = {key: value_checker(spec[key]) for key, _, _ in self._action_slots}
-        values = []
-        for key, buffer, _ in self._action_slots:
-            value = actions.get(key, None)
-            expected = (n, *buffer.shape[1:])
-            if value is None or tuple(value.shape) != expected or value.dtype != buffer.dtype:
-                got = "nothing" if value is None else f"shape {tuple(value.shape)} and dtype {value.dtype}"
-                raise ValueError(
-                    f"send(): {key!r} must have shape {expected} and dtype {buffer.dtype} ({n} envs); got {got}."
-                )
-            if self.check_actions and not self._action_checks[n][key](value):
-                raise ValueError(f"send(): {key!r} holds values outside its action spec; nothing was sent.")
-            values.append(numpy_view(value.detach().cpu()))
+        values = self.checked_actions(tensordict, n, self._action_checks[n])
         k = self.envs_per_worker
         for array, value in zip(self._action_arrays, values):
+            value = numpy_view(value.detach().cpu())
             for i, w in enumerate(workers):
                 array[self._slices[w]] = value[i * k:(i + 1) * k]
 
@@ -202,16 +190,19 @@ def _take(array: np.ndarray, slices: list[slice]) -> np.ndarray:
     return array[slices[0]].copy() if len(slices) == 1 else np.concatenate([array[s] for s in slices])
 
 
-def _nest(flat: dict, dtypes: dict) -> dict:
-    """``{key or key tuple: array}`` -> nested dicts of tensors (a TensorDict source), each viewed as its
-    ``dtypes[key]`` (numpy_view stores dtypes numpy lacks as same-size ints)."""
+def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``array`` as a tensor of ``dtype`` (numpy_view holds dtypes numpy lacks as same-size ints)."""
+    tensor = torch.from_numpy(array)
+    return tensor if tensor.dtype == dtype else tensor.view(dtype)
+
+
+def _nest(flat: dict) -> dict:
+    """``{key or key tuple: tensor}`` -> nested dicts (a TensorDict source)."""
     nested: dict = {}
     for key, value in flat.items():
         *path, leaf = key if isinstance(key, tuple) else (key,)
         node = nested
         for part in path:
             node = node.setdefault(part, {})
-        tensor = torch.from_numpy(value)
-        dtype = dtypes.get(key, tensor.dtype)
-        node[leaf] = tensor if tensor.dtype == dtype else tensor.view(dtype)
+        node[leaf] = value
     return nested

@@ -113,27 +113,40 @@ class BatchedEnv(EnvBase):
 
         Raises ``ValueError`` naming the key and the expected shape/dtype when an action does not fit.
         """
+        values = self.checked_actions(tensordict, self.num_envs, self._value_checks, check)
+        for (_, buffer, _), value in zip(self._action_slots, values):
+            buffer.copy_(value)
+
+    def checked_actions(self, tensordict: TensorDictBase, n: int, value_checks: dict,
+                        check: bool | None = None) -> list[torch.Tensor]:
+        """The action entries of ``tensordict`` for ``n`` envs, in action-slot order, after checking their
+        shape, dtype and (when ``check``, default ``check_actions``) values with ``value_checks[key]``.
+
+        Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected.
+        """
         check = self.check_actions if check is None else check
+        values = []
         for key, buffer, spec in self._action_slots:
+            expected = (n, *buffer.shape[1:])
             value = tensordict.get(key, None)
             if value is None:
                 raise KeyError(
                     f"the input tensordict has no {key!r} entry; {type(self).__name__} expects one of "
-                    f"shape {tuple(buffer.shape)} and dtype {buffer.dtype}."
+                    f"shape {expected} and dtype {buffer.dtype}."
                 )
-            if value.shape != buffer.shape or value.dtype != buffer.dtype:
+            if tuple(value.shape) != expected or value.dtype != buffer.dtype:
                 raise ValueError(
                     f"{key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, but "
-                    f"{type(self).__name__} expects shape {tuple(buffer.shape)} ({self.num_envs} envs x "
+                    f"{type(self).__name__} expects shape {expected} ({n} envs x "
                     f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: "
                     f"{type(spec).__name__}."
                 )
-            if check and not self._value_checks[key](value):
+            if check and not value_checks[key](value):
                 raise ValueError(
                     f"{key!r} holds values outside its spec ({_bounds(spec)}); nothing was sent to the envs."
                 )
-        for key, buffer, _ in self._action_slots:
-            buffer.copy_(tensordict.get(key))
+            values.append(value)
+        return values
 
     def _set_seed(self, seed: int | None) -> None:
         """Env ``i`` is seeded with ``seed + i`` at its next reset."""
