@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from .errors import WorkerError, failures_of
 from .parallel import ParallelEnv
 from .shared import numpy_view
 from .specs import value_checker
@@ -82,12 +82,10 @@ class AsyncParallelEnv(ParallelEnv):
         try:
             workers = self._pool.wait_any(self.batch_workers, self._in_flight, code)
         except WorkerError as err:
-            causes = getattr(err, "failures", {err.worker: err})
-            for w in {*causes, *getattr(err, "finished", [])}:  # no longer in flight; their results dropped
+            for w in {*failures_of(err), *getattr(err, "finished", [])}:  # no longer in flight; results dropped
                 if w in self._in_flight:
                     self._in_flight.remove(w)
-            if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in causes.values()):
-                self.close()
+            self._close_if_fatal(err)
             raise
         except KeyboardInterrupt:
             self.close()

@@ -12,6 +12,12 @@ class WorkerError(RuntimeError):
         self.worker = worker
 
 
+def failures_of(err: WorkerError) -> dict:
+    """``{worker: exception}`` for every worker behind ``err`` (a pool attaches them as ``err.failures`` when
+    several failed at once; else just ``err``'s own worker)."""
+    return getattr(err, "failures", {err.worker: err})
+
+
 class EnvWorkerError(WorkerError):
     """An exception raised inside a worker (by an env's constructor, reset, step, ...).
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .batched import BatchedEnv
-from .errors import SpecMismatchError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from .errors import SpecMismatchError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, resolve_factories
 from .pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from .shared import allocate_buffers
@@ -124,14 +124,18 @@ class ParallelEnv(BatchedEnv):
         except WorkerError as err:
             failures = None if self.is_closed else self._pool.replaceable(err, self.max_restarts)
             if failures is None:
-                causes = getattr(err, "failures", {err.worker: err}).values()
-                if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in causes):
-                    self.close()
+                self._close_if_fatal(err)
                 raise
             self._restart(failures, stepping=fn == self._pool.run and args[0] == STEP)
         except KeyboardInterrupt:
             self.close()
             raise
+
+    def _close_if_fatal(self, err: WorkerError) -> None:
+        """Close this env when a worker behind ``err`` died or hung (an exception raised by an env leaves the
+        env usable)."""
+        if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in failures_of(err).values()):
+            self.close()
 
     def _restart(self, failures: dict, stepping: bool) -> None:
         """Replace the failed workers, reset their envs and, when a step failed, write that step's "next"

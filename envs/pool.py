@@ -32,7 +32,14 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from .errors import EnvWorkerError, MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from .errors import (
+    EnvWorkerError,
+    MissingMainGuardError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    failures_of,
+)
 
 CALL, CLOSE = 100, 101
 NOTIFY = 0x100  # a command code with this bit also releases ``any_done`` when the worker finishes
@@ -146,7 +153,7 @@ class WorkerPool:
         pool within ``max_restarts`` replacements in all; None when it does not (or ``err`` is no worker's)."""
         if not isinstance(err, WorkerError):
             return None
-        failures = getattr(err, "failures", {err.worker: err})
+        failures = failures_of(err)
         return failures if sum(self.restarts) + len(failures) <= max_restarts else None
 
     def restart(self, w: int, cause: Exception) -> None:

@@ -22,8 +22,8 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     actions = [(numpy_view(buffer), numpy_view(storage.get(key))) for key, buffer, _ in env._action_slots]
     roots = [(storage.get(k), env._root.get(k)) for k in root_keys]
     nexts = [(storage.get(("next", *_as_tuple(k))), env._next.get(k)) for k in next_keys]
-    for dst, src in zip([d for d, _ in roots], [root.get(k) for k in root_keys]):
-        dst[:, 0] = src
+    for key, (dst, _) in zip(root_keys, roots):
+        dst[:, 0] = root.get(key)
     small_roots, large_roots = _split_by_size(roots)
     small_nexts, large_nexts = _split_by_size(nexts)
     steps = max_steps
