@@ -68,7 +68,7 @@ def run_serial(workload: str, num_envs: int, env_steps: int) -> float:
 
 
 def run_sync(workload: str, workers: int, per_worker: int, env_steps: int) -> float:
-    from envs import ParallelEnv
+    from tdcollect.envs import ParallelEnv
 
     with ParallelEnv(workers, WORKLOADS[workload], envs_per_worker=per_worker) as env:
         env.rollout(5, break_when_any_done=False)
@@ -79,7 +79,7 @@ def run_sync(workload: str, workers: int, per_worker: int, env_steps: int) -> fl
 
 
 def run_async(workload: str, workers: int, per_worker: int, batch_workers: int, env_steps: int) -> float:
-    from envs import AsyncParallelEnv
+    from tdcollect.envs import AsyncParallelEnv
 
     with AsyncParallelEnv(workers, WORKLOADS[workload], batch_workers=batch_workers,
                           envs_per_worker=per_worker) as env:

@@ -22,8 +22,8 @@ import gymnasium as gym
 import psutil
 import torch
 
-from collectors import MultiSyncCollector
-from envs import ParallelEnv
+from tdcollect.collectors import MultiSyncCollector
+from tdcollect.envs import ParallelEnv
 from tests.helpers import CountingEnv, CrashOnceEnv, FaultyEnv, OtherShapeEnv, SlowEnv, StuckEnv
 
 long_counting = functools.partial(CountingEnv, episode_len=100)
@@ -58,7 +58,7 @@ def _interrupted_rollout():
 
 def _main_killed():
     """Seconds until the workers of a killed main process are all gone (the 'error' is their absence)."""
-    script = ("import sys, time; sys.path.insert(0, %r)\nfrom envs import ParallelEnv\n"
+    script = ("import sys, time; sys.path.insert(0, %r)\nfrom tdcollect.envs import ParallelEnv\n"
               "from tests.helpers import CountingEnv\nif __name__ == '__main__':\n"
               "    env = ParallelEnv(4, CountingEnv)\n    print(*env.worker_pids, flush=True)\n"
               "    time.sleep(60)\n" % os.getcwd())
@@ -75,7 +75,7 @@ def _main_killed():
 
 
 def _unguarded():
-    script = ("import gymnasium as gym\nfrom envs import ParallelEnv\n"
+    script = ("import gymnasium as gym\nfrom tdcollect.envs import ParallelEnv\n"
               "env = ParallelEnv(2, lambda: gym.make('CartPole-v1'), mp_start_method='spawn')\n")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "unguarded.py")

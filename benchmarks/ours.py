@@ -31,7 +31,7 @@ def _import(module: str, attr: str):
 
 def tdcollect_worker_env(workload: str, envs_per_worker: int):
     """The env one collector worker owns: our ``SerialEnv`` of gym envs."""
-    serial_env = _import("envs", "SerialEnv")
+    serial_env = _import("tdcollect.envs", "SerialEnv")
     return serial_env(envs_per_worker, WORKLOADS[workload])
 
 
@@ -40,7 +40,7 @@ def _worker_factory(workload: str, envs_per_worker: int):
 
 
 def _make_parallel(workload: str, num_workers: int, envs_per_worker: int):
-    parallel_env = _import("envs", "ParallelEnv")
+    parallel_env = _import("tdcollect.envs", "ParallelEnv")
     return parallel_env(num_workers, WORKLOADS[workload],
                         envs_per_worker=envs_per_worker)
 
@@ -49,8 +49,8 @@ def tdcollect_backend(need_collector: bool = False) -> tdstyle.Backend:
     """Our package's callables; raises :class:`SystemUnavailable` if absent."""
     from torchrl.envs.utils import step_mdp
 
-    _import("envs", "ParallelEnv")
-    collector = (_import("collectors", "MultiSyncCollector")
+    _import("tdcollect.envs", "ParallelEnv")
+    collector = (_import("tdcollect.collectors", "MultiSyncCollector")
                  if need_collector else None)
     return tdstyle.Backend(
         name="tdcollect", make_parallel=_make_parallel,

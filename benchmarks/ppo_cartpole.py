@@ -20,8 +20,8 @@ import torch
 from tensordict.nn import InteractionType, TensorDictModule
 from torch import nn
 
-from collectors import MultiSyncCollector
-from envs import SerialEnv
+from tdcollect.collectors import MultiSyncCollector
+from tdcollect.envs import SerialEnv
 
 from .sb3_ppo_cartpole import SOLVE_RETURN, SOLVE_WINDOW, solve_time_sb3, write_json
 

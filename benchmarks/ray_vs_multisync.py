@@ -44,7 +44,7 @@ def main(argv=None) -> None:
 
     import ray
 
-    from collectors import MultiSyncCollector, RayCollector
+    from tdcollect.collectors import MultiSyncCollector, RayCollector
 
     backend = ours.tdcollect_backend(need_collector=True)
     factory = backend.worker_env_factory(args.workload, args.envs_per_worker)

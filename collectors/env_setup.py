@@ -5,7 +5,7 @@ import cloudpickle
 import gymnasium as gym
 from torchrl.envs import EnvBase
 
-from envs import SerialEnv
+from tdcollect.envs import SerialEnv
 
 from .policies import make_policy, policy_module
 
@@ -34,7 +34,7 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
     """What every remote collector worker (a MultiSyncCollector process, a RayCollector actor) builds first:
     its env (from ``factory``, as :func:`make_batched_env`), and its policy copy (``policy_payload``: the
     user's policy, cloudpickled; ``None``: random actions). Returns ``(env, policy, module)``: ``policy`` is
-    the per-step callable of :func:`~collectors.policies.make_policy`, ``module`` the user's ``nn.Module``
+    the per-step callable of :func:`~tdcollect.collectors.policies.make_policy`, ``module`` the user's ``nn.Module``
     holding the weights (or ``None``). On failure the env is closed before the error propagates."""
     env, _ = make_batched_env(factory, owner)
     try:

@@ -1,6 +1,6 @@
 """BatchLoop: fills ``[n_envs, steps]`` batches from one batched env and a policy.
 
-It is the loop of :class:`~collectors.Collector` and of every :class:`~collectors.MultiSyncCollector`
+It is the loop of :class:`~tdcollect.collectors.Collector` and of every :class:`~tdcollect.collectors.MultiSyncCollector`
 worker. ``storage`` (allocated once, in shared memory for the multi-process collector) holds one batch with
 the keys of a TorchRL rollout: the root (observation keys, done flags), what the policy wrote ("action",
 log-probabilities, ...) and ``"next"`` (observation keys, reward, done flags); time is the last batch dim.
@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from envs.batched import BatchedEnv
+from tdcollect.envs.batched import BatchedEnv
 
 from .policies import DirectModule
 

@@ -22,9 +22,9 @@ import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from envs.errors import WorkerError
-from envs.factories import PickledFactory, resolve_factories
-from envs.pool import WorkerChannel, WorkerPool, exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.errors import WorkerError
+from tdcollect.envs.factories import PickledFactory, resolve_factories
+from tdcollect.envs.pool import WorkerChannel, WorkerPool, exit_if_bootstrapping, resolve_start_method
 
 from .base import CollectorBase
 from .env_setup import build_worker
@@ -84,11 +84,11 @@ class MultiSyncCollector(CollectorBase):
     Args:
         create_env_fn: a list of env constructors, one per worker (or one constructor and ``num_workers``);
             a constructor may return a gymnasium env, a TorchRL env, a ``SerialEnv`` or a ``ParallelEnv``.
-        policy: as for :class:`~collectors.Collector`; each worker gets a copy whose weights live in shared
+        policy: as for :class:`~tdcollect.collectors.Collector`; each worker gets a copy whose weights live in shared
             memory (see :meth:`update_policy_weights_`).
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
         reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar: as in TorchRL.
-        mp_start_method, timeout: as for :class:`~envs.ParallelEnv`.
+        mp_start_method, timeout: as for :class:`~tdcollect.envs.ParallelEnv`.
         max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
             (opt-in; default 0). The replacement collects that worker's part of the batch again, its envs
             start new episodes with new trajectory ids; a warning is issued and ``restarts`` counts them.

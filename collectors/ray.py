@@ -3,7 +3,7 @@ Ray cluster of many.
 
 Each actor (:class:`RayCollectorWorker`, one per constructor) builds its env from the cloudpickled
 constructor (which may return a ``SerialEnv`` or a ``ParallelEnv``: one actor per machine can step many
-envs), its own copy of the policy, and a :class:`~collectors.loop.BatchLoop` of ``T = frames_per_batch /
+envs), its own copy of the policy, and a :class:`~tdcollect.collectors.loop.BatchLoop` of ``T = frames_per_batch /
 n_envs`` steps — exactly what a MultiSyncCollector worker process builds. One batch, as messages::
 
     driver                                              actor w (n_w envs)
@@ -23,7 +23,7 @@ Restarts: actors are created with ``max_restarts`` and ``max_task_retries=-1``. 
 (killed, crashed, its node lost), Ray builds it again from the same arguments and runs the collect call that
 was in flight again on the new actor, so its part of the batch is refilled by fresh envs (new episodes, new
 trajectory ids): batches are never half-empty. Exceptions raised by an env or the policy are not retried:
-they are reported as :class:`~envs.EnvWorkerError` naming the actor, and the collector shuts down.
+they are reported as :class:`~tdcollect.envs.EnvWorkerError` naming the actor, and the collector shuts down.
 """
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ try:
     from ray import exceptions as ray_exceptions
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess that hides ray
     raise ImportError(
-        'collectors.RayCollector needs Ray, an optional extra of tdcollect: pip install "tdcollect[ray]" '
+        'tdcollect.collectors.RayCollector needs Ray, an optional extra of tdcollect: pip install "tdcollect[ray]" '
         '(or pip install "ray>=2.60,<3").'
     ) from exc
 
-from envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
-from envs.factories import PickledFactory, resolve_factories
-from envs.pool import error_report, worker_error
+from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from tdcollect.envs.factories import PickledFactory, resolve_factories
+from tdcollect.envs.pool import error_report, worker_error
 
 from .base import CollectorBase
 from .env_setup import build_worker
@@ -146,7 +146,7 @@ class RayWorkerDiedError(WorkerDiedError):
 
 class RayCollector(CollectorBase):
     """Yields TensorDicts ``[n_envs, T]`` gathered from ``num_workers`` Ray actors — the batches of a
-    :class:`~collectors.MultiSyncCollector` with the same arguments: TorchRL keys (``"observation"``,
+    :class:`~tdcollect.collectors.MultiSyncCollector` with the same arguments: TorchRL keys (``"observation"``,
     ``"action"``, ``"done"``, ``"terminated"``, ``"truncated"``, ``("next", ...)`` with ``"reward"``, ...),
     time last, ``("collector", "traj_ids")``; ``n_envs`` is the sum of the actors' envs, in actor order,
     and ``n_envs * T == frames_per_batch``.
@@ -157,11 +157,11 @@ class RayCollector(CollectorBase):
             Constructors and the policy travel with cloudpickle; on a multi-node cluster every node needs
             tdcollect and the modules they use (installed there, or through ``runtime_env`` in
             ``ray_init_kwargs``).
-        policy: as for :class:`~collectors.Collector`; each actor gets its own copy, updated by
+        policy: as for :class:`~tdcollect.collectors.Collector`; each actor gets its own copy, updated by
             :meth:`update_policy_weights_`.
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
         reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar: as for
-            :class:`~collectors.MultiSyncCollector` (``policy_device`` is the device inside each actor).
+            :class:`~tdcollect.collectors.MultiSyncCollector` (``policy_device`` is the device inside each actor).
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialized in this process yet, e.g.
             ``{"address": "auto"}`` to join a running cluster; by default a local cluster is started
             (without dashboard, actors' output not forwarded: ``{"log_to_driver": True}`` to see it).
@@ -172,7 +172,7 @@ class RayCollector(CollectorBase):
             its envs and policy, takes the latest weights, and collects its part of the batch again; a
             ``RuntimeWarning`` is issued and ``restarts`` counts them.
         timeout: seconds to wait for the actors' start (resources included) and for each batch before a
-            :class:`~envs.WorkerTimeoutError`.
+            :class:`~tdcollect.envs.WorkerTimeoutError`.
 
     Ray is started in ``__init__`` if needed and shut down by :meth:`shutdown` only if this collector
     started it (a cluster joined with ``address`` stays up; this process just disconnects).

@@ -2,7 +2,7 @@
 
 Every stepper owns one env and one index ``i`` in a group's buffer views (see ``shared.py``) and offers:
 
-- ``specs``: :class:`~envs.shared.EnvSpecs` (unbatched);
+- ``specs``: :class:`~tdcollect.envs.shared.EnvSpecs` (unbatched);
 - ``bind(views, i)``: remember where to read actions and write results;
 - ``reset(seed)``: reset the env (seeding it when ``seed`` is not None) and write the observation into
   ``root[i]`` (done flags stay False);
@@ -260,7 +260,7 @@ class TorchRLStepper:
 class DmEnvStepper:
     """A ``dm_env.Environment``: timestep values are written into numpy views of the buffers.
 
-    ``layout``: a :class:`~envs.dm_specs.DmLayout` (default: :func:`~envs.dm_specs.flat_layout`, i.e. the
+    ``layout``: a :class:`~tdcollect.envs.dm_specs.DmLayout` (default: :func:`~tdcollect.envs.dm_specs.flat_layout`, i.e. the
     observation dict's entries as top-level keys, actions under ``"action"``, ``"reward"`` ``[1]``).
     dm_env has no seeding call, so a seed passed to ``reset`` is ignored (with a warning, once); subclasses
     that know how to seed their env override :meth:`seed`.

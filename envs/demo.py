@@ -1,4 +1,4 @@
-"""``python -m envs.demo``: a short ParallelEnv run, and its speed against a serial loop of the same envs.
+"""``python -m tdcollect.envs.demo``: a short ParallelEnv run, and its speed against a serial loop of the same envs.
 
 Steps ``num_workers x envs_per_worker`` CartPole-v1 envs with random actions in a ParallelEnv, then the
 same number of envs in a gymnasium ``SyncVectorEnv`` loop in this process, and prints both in env steps/s.
@@ -11,7 +11,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from envs import ParallelEnv
+from tdcollect.envs import ParallelEnv
 
 
 def cartpole():

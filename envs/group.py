@@ -1,7 +1,7 @@
 """EnvGroup: k envs in one process stepping into a ``[k]`` slice of the buffers.
 
-This is what :class:`~envs.SerialEnv` runs in the main process and what every
-:class:`~envs.ParallelEnv` worker runs in its own process, so both produce the same data.
+This is what :class:`~tdcollect.envs.SerialEnv` runs in the main process and what every
+:class:`~tdcollect.envs.ParallelEnv` worker runs in its own process, so both produce the same data.
 """
 from __future__ import annotations
 

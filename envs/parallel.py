@@ -29,7 +29,7 @@ class ParallelEnv(BatchedEnv):
         envs_per_worker: envs stepped one after the other inside each worker.
         mp_start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; default :func:`default_start_method`.
             The global start method is never read nor changed.
-        timeout: seconds a worker may take for one command before :class:`~envs.errors.WorkerTimeoutError`.
+        timeout: seconds a worker may take for one command before :class:`~tdcollect.envs.errors.WorkerTimeoutError`.
         check_actions: check actions against ``action_spec`` (values too) before sending them.
         max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
             (opt-in; default 0). Its envs come back reset; in the step that failed they are marked
@@ -39,8 +39,8 @@ class ParallelEnv(BatchedEnv):
             ``pool.py``). Default None: 1 ms when ``num_workers + 1`` fits in the usable cores, else 0 (block
             at once: spinning on a full machine slows the workers down).
 
-    Errors from workers arrive as :class:`~envs.errors.EnvWorkerError` (an exception in an env),
-    :class:`~envs.errors.WorkerDiedError` and :class:`~envs.errors.WorkerTimeoutError`; after the last two
+    Errors from workers arrive as :class:`~tdcollect.envs.errors.EnvWorkerError` (an exception in an env),
+    :class:`~tdcollect.envs.errors.WorkerDiedError` and :class:`~tdcollect.envs.errors.WorkerTimeoutError`; after the last two
     the env is closed.
     """
 

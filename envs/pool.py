@@ -8,7 +8,7 @@ all workers: :meth:`WorkerPool.wait_any` waits for whichever workers finish firs
 ``("result", value)`` out) and error reports — never per-step data. ``CLOSE`` ends a worker.
 
 While it waits, the main process checks every ``poll_s`` that the worker is alive (a dead one is a
-:class:`~envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``; an idle worker wakes every
+:class:`~tdcollect.envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``; an idle worker wakes every
 second to exit if the main process is gone (and, on Linux, is killed with it anyway).
 
 Waiting: bounded spin, then block. Waking a process blocked on a semaphore costs tens to hundreds of µs on a
@@ -118,7 +118,7 @@ class WorkerPool:
         num_workers = len(args)
         context = tmp.get_context(start_method)
         if start_method == "forkserver":
-            context.set_forkserver_preload(["envs.pool", "envs.worker"])
+            context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.worker"])
         self._command_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
         self._status_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
         self._command = self._command_tensor.numpy()
@@ -191,8 +191,8 @@ class WorkerPool:
 
     def receive(self, w: int, during: str):
         """The value of worker ``w``'s next ``(kind, value)`` message, waiting with liveness checks and the
-        timeout; ``("error", report)`` becomes an :class:`~envs.errors.EnvWorkerError`, a dead worker a
-        :class:`~envs.errors.WorkerDiedError` (or :class:`~envs.errors.MissingMainGuardError`)."""
+        timeout; ``("error", report)`` becomes an :class:`~tdcollect.envs.errors.EnvWorkerError`, a dead worker a
+        :class:`~tdcollect.envs.errors.WorkerDiedError` (or :class:`~tdcollect.envs.errors.MissingMainGuardError`)."""
         deadline = time.monotonic() + self.timeout
         conn = self.conns[w]
         while not conn.poll(self._poll_s):

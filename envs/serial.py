@@ -20,7 +20,7 @@ class SerialEnv(BatchedEnv):
             or an unbatched TorchRL ``EnvBase``.
         create_env_kwargs: keyword arguments for the constructor(s): a dict or a list of dicts.
 
-    Its data equals a :class:`~envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
+    Its data equals a :class:`~tdcollect.envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
     """
 
     def __init__(

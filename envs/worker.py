@@ -3,7 +3,7 @@
 Protocol
 ========
 Each worker ``w`` owns envs ``first .. first + k - 1`` (``k = envs_per_worker``) and talks to the main
-process through a :class:`~envs.pool.WorkerChannel` (pipe, ``wake``/``done`` semaphores, shared
+process through a :class:`~tdcollect.envs.pool.WorkerChannel` (pipe, ``wake``/``done`` semaphores, shared
 ``command``/``status`` arrays; see ``pool.py``). It receives, once, the shared ``buffers`` (see
 ``shared.py``; it uses rows ``first:first+k``) and ``reset_mask`` (bool ``[num_envs]``).
 

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from envs import AsyncParallelEnv, EnvWorkerError, WorkerDiedError
+from tdcollect.envs import AsyncParallelEnv, EnvWorkerError, WorkerDiedError
 from tests.helpers import CountingEnv, FaultyEnv, SlowEnv, SuicidalEnv, cartpole
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,9 +8,9 @@ from tensordict import TensorDict
 from torchrl.envs import GymEnv
 from torchrl.envs.utils import check_env_specs
 
-from envs import ParallelEnv, SerialEnv
-from envs.group import EnvGroup
-from envs.shared import allocate_buffers
+from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.group import EnvGroup
+from tdcollect.envs.shared import allocate_buffers
 from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
 
 pytestmark = pytest.mark.timeout(60)
@@ -183,7 +183,7 @@ def test_spinning_and_blocking_waits_give_the_same_data(no_leaks):
 
 
 def test_spinning_is_automatic_only_with_a_core_for_every_process(monkeypatch):
-    from envs import pool
+    from tdcollect.envs import pool
 
     monkeypatch.setattr(pool, "usable_cores", lambda: 4)
     assert pool.default_spin_s(3) == pool.SPIN_S

@@ -7,8 +7,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 
-from collectors import Collector, MultiSyncCollector
-from envs import ParallelEnv, SerialEnv
+from tdcollect.collectors import Collector, MultiSyncCollector
+from tdcollect.envs import ParallelEnv, SerialEnv
 from tests.helpers import CountingEnv, cartpole
 
 pytestmark = pytest.mark.timeout(90)
@@ -185,7 +185,7 @@ def test_same_seed_same_batches(no_leaks):
 
 
 def test_direct_module_path_equals_tensordict_module():
-    from collectors.policies import DirectModule, make_policy
+    from tdcollect.collectors.policies import DirectModule, make_policy
 
     module = mlp_policy()
     policy = make_policy(module, None)

@@ -8,8 +8,8 @@ import gymnasium as gym
 import pytest
 import torch
 
-from collectors import MultiSyncCollector
-from envs import EnvWorkerError, WorkerDiedError
+from tdcollect.collectors import MultiSyncCollector
+from tdcollect.envs import EnvWorkerError, WorkerDiedError
 from tests.helpers import CountingEnv, FaultyEnv, SuicidalEnv
 
 pytestmark = pytest.mark.timeout(60)

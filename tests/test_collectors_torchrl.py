@@ -10,8 +10,8 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
-from collectors import Collector, MultiSyncCollector
-from envs import ParallelEnv
+from tdcollect.collectors import Collector, MultiSyncCollector
+from tdcollect.envs import ParallelEnv
 from tests.helpers import cartpole
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,12 +9,12 @@ import torch
 from torchrl.data import Bounded, Categorical, MultiCategorical, Unbounded
 from torchrl.envs.utils import check_env_specs
 
-from envs import EnvWorkerError, ParallelEnv, SerialEnv
+from tdcollect.envs import EnvWorkerError, ParallelEnv, SerialEnv
 
 dm_env = pytest.importorskip("dm_env")
 from dm_env import specs as dm  # noqa: E402
 
-from envs.dm_specs import done_flags, leaf_to_spec  # noqa: E402
+from tdcollect.envs.dm_specs import done_flags, leaf_to_spec  # noqa: E402
 from tests.helpers import OnePerProcessEngine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,10 +118,10 @@ def test_seeding_a_plain_dm_env_warns():
 
 
 def test_envs_does_not_need_dmlab2d(monkeypatch):
-    import envs
+    import tdcollect.envs
 
     monkeypatch.setitem(sys.modules, "dmlab2d", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "envs.dmlab2d", raising=False)
+    monkeypatch.delitem(sys.modules, "tdcollect.envs.dmlab2d", raising=False)
     assert envs.SerialEnv and envs.ParallelEnv
     with pytest.raises(ImportError):
         envs.DMLab2dEnv

@@ -4,10 +4,10 @@ import torch
 from torchrl.data import Categorical
 from torchrl.envs.utils import check_env_specs
 
-from envs import ParallelEnv, SerialEnv
+from tdcollect.envs import ParallelEnv, SerialEnv
 
 dmlab2d = pytest.importorskip("dmlab2d")
-from envs import DMLab2dEnv  # noqa: E402
+from tdcollect.envs import DMLab2dEnv  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 LEVEL = "commons_harvest"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchrl.envs import GymEnv
 
-from envs import (
+from tdcollect.envs import (
     EnvWorkerError,
     ParallelEnv,
     SerialEnv,

@@ -1,5 +1,5 @@
 """RayCollector on a local 2-CPU Ray cluster: MultiSyncCollector's batches, weight updates, actors killed
-mid-run, errors, shutdown without leftovers, and ray kept out of ``import collectors``."""
+mid-run, errors, shutdown without leftovers, and ray kept out of ``import tdcollect.collectors``."""
 import functools
 import os
 import signal
@@ -14,8 +14,8 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from collectors import MultiSyncCollector  # noqa: E402
-from envs import EnvWorkerError  # noqa: E402
+from tdcollect.collectors import MultiSyncCollector  # noqa: E402
+from tdcollect.envs import EnvWorkerError  # noqa: E402
 from tests.helpers import CountingEnv, CrashOnceEnv, FaultyEnv, cartpole  # noqa: E402
 from tests.test_collectors import KEYS, ConstantAction, mlp_policy  # noqa: E402
 
@@ -45,7 +45,7 @@ def _gone(pids, timeout=10.0) -> bool:
 
 
 def test_same_batches_as_multisync(ray_cluster):
-    from collectors import RayCollector
+    from tdcollect.collectors import RayCollector
 
     torch.manual_seed(0)
     policy = mlp_policy()
@@ -69,8 +69,8 @@ def test_same_batches_as_multisync(ray_cluster):
 
 
 def test_weight_updates_reach_every_actor(ray_cluster):
-    from collectors import RayCollector
-    from envs import SerialEnv
+    from tdcollect.collectors import RayCollector
+    from tdcollect.envs import SerialEnv
 
     def two_envs():
         return SerialEnv(2, long_counting)
@@ -96,7 +96,7 @@ def test_weight_updates_reach_every_actor(ray_cluster):
 
 
 def test_killed_actors_are_restarted_and_batches_stay_full(ray_cluster, tmp_path):
-    from collectors import RayCollector
+    from tdcollect.collectors import RayCollector
 
     marker = str(tmp_path / "crashed")
     factories = [long_counting, functools.partial(CrashOnceEnv, marker, "kill", at_step=3)]
@@ -127,8 +127,8 @@ def test_killed_actors_are_restarted_and_batches_stay_full(ray_cluster, tmp_path
 
 
 def test_actor_dying_past_max_restarts_is_a_clear_error(ray_cluster):
-    from collectors import RayCollector
-    from collectors.ray import RayWorkerDiedError
+    from tdcollect.collectors import RayCollector
+    from tdcollect.collectors.ray import RayWorkerDiedError
 
     collector = RayCollector(long_counting, None, frames_per_batch=20, total_frames=-1, max_restarts=0)
     batches = iter(collector)
@@ -141,7 +141,7 @@ def test_actor_dying_past_max_restarts_is_a_clear_error(ray_cluster):
 
 
 def test_env_errors_name_the_actor_and_shut_down(ray_cluster):
-    from collectors import RayCollector
+    from tdcollect.collectors import RayCollector
 
     with pytest.raises(EnvWorkerError, match=r"worker 0 raised ValueError during construction: boom in __init__"):
         RayCollector(functools.partial(FaultyEnv, "init"), None, frames_per_batch=20)
@@ -154,7 +154,7 @@ def test_env_errors_name_the_actor_and_shut_down(ray_cluster):
 
 
 def test_actors_with_other_specs_are_a_clear_error(ray_cluster):
-    from collectors import RayCollector
+    from tdcollect.collectors import RayCollector
 
     collector = RayCollector([CountingEnv, cartpole], None, frames_per_batch=20)
     with pytest.raises(ValueError, match=r"actor 1's batches differ from actor 0's .*observation.*\(3,\).*\(4,\)"):
@@ -163,7 +163,7 @@ def test_actors_with_other_specs_are_a_clear_error(ray_cluster):
 
 
 def test_bad_arguments():
-    from collectors import RayCollector
+    from tdcollect.collectors import RayCollector
 
     with pytest.raises(ValueError, match="num_cpus must be a number"):
         RayCollector([CountingEnv], None, frames_per_batch=20, num_cpus=-1)
@@ -179,7 +179,7 @@ _OWN_CLUSTER = """
 import sys, time
 sys.path.insert(0, {root!r})
 import psutil, ray
-from collectors import RayCollector
+from tdcollect.collectors import RayCollector
 from tests.helpers import CountingEnv
 
 collector = RayCollector(CountingEnv, None, frames_per_batch=20, total_frames=40,
@@ -206,19 +206,19 @@ def test_shutdown_stops_the_cluster_it_started():
 
 _WITH_RAY = """
 import sys
-import collectors
-assert "collectors.ray" not in sys.modules
-from collectors import RayCollector
-assert "collectors.ray" in sys.modules
+import tdcollect.collectors
+assert "tdcollect.collectors.ray" not in sys.modules
+from tdcollect.collectors import RayCollector
+assert "tdcollect.collectors.ray" in sys.modules
 """
 
 _WITHOUT_RAY = """
 import sys
 sys.modules["ray"] = None  # as if ray were not installed (torchrl then skips it too)
-import collectors
+import tdcollect.collectors
 assert not [name for name, module in sys.modules.items() if name.startswith("ray.") and module is not None]
 try:
-    from collectors import RayCollector
+    from tdcollect.collectors import RayCollector
 except ImportError as exc:
     assert 'pip install "tdcollect[ray]"' in str(exc), str(exc)
 else:

@@ -12,8 +12,8 @@ import psutil
 import pytest
 import torch
 
-from collectors import MultiSyncCollector
-from envs import EnvWorkerError, ParallelEnv, WorkerDiedError
+from tdcollect.collectors import MultiSyncCollector
+from tdcollect.envs import EnvWorkerError, ParallelEnv, WorkerDiedError
 from tests.conftest import shm_entries
 from tests.helpers import CountingEnv, CrashOnceEnv, SlowEnv
 
@@ -73,8 +73,8 @@ _ORPHAN_SCRIPT = """
 import functools, os, sys, time
 sys.path.insert(0, {root!r})
 from tests.helpers import CountingEnv
-from envs import ParallelEnv
-from collectors import MultiSyncCollector
+from tdcollect.envs import ParallelEnv
+from tdcollect.collectors import MultiSyncCollector
 
 if __name__ == "__main__":
     env = ParallelEnv(2, CountingEnv, mp_start_method={method!r})

@@ -4,8 +4,8 @@ import gc
 import psutil
 import pytest
 
-from collectors import MultiSyncCollector
-from envs import ParallelEnv, SerialEnv
+from tdcollect.collectors import MultiSyncCollector
+from tdcollect.envs import ParallelEnv, SerialEnv
 from tests.helpers import cartpole
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

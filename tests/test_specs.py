@@ -4,7 +4,7 @@ import torch
 from gymnasium import spaces
 from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
 
-from envs.specs import observation_spec_from_space, space_to_spec, spec_differences
+from tdcollect.envs.specs import observation_spec_from_space, space_to_spec, spec_differences
 
 
 def test_box_finite_is_bounded_with_its_bounds():
@@ -64,7 +64,7 @@ def test_value_checker_agrees_with_is_in():
     """The fast value checks (numpy reductions) say what ``spec.is_in`` says, NaN and bfloat16 included."""
     from torchrl.data import Bounded, Categorical, MultiCategorical
 
-    from envs.specs import value_checker
+    from tdcollect.envs.specs import value_checker
 
     cases = [
         (Categorical(3, shape=(4,)), [torch.tensor([0, 1, 2, 2]), torch.tensor([0, 3, 1, 1]),

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 
-from envs import ParallelEnv, SerialEnv, default_start_method
+from tdcollect.envs import ParallelEnv, SerialEnv, default_start_method
 from tests.helpers import CountingEnv
 
 pytestmark = pytest.mark.timeout(90)
@@ -37,7 +37,7 @@ def test_default_start_method_is_fork_on_linux():
 
 SCRIPT = """
 import gymnasium as gym
-from envs import ParallelEnv
+from tdcollect.envs import ParallelEnv
 env = ParallelEnv(2, lambda: gym.make("CartPole-v1"), mp_start_method={method!r})
 print("rollout", env.rollout(3).batch_size)
 env.close()
@@ -51,7 +51,7 @@ def test_missing_main_guard_gives_one_clear_message(method, tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=80)
     assert proc.returncode != 0
     assert proc.stderr.count('if __name__ == "__main__":') == 1, proc.stderr
-    assert "envs.errors.MissingMainGuardError: " in proc.stderr
+    assert "tdcollect.envs.errors.MissingMainGuardError: " in proc.stderr
     assert "During handling" not in proc.stderr
     assert "bootstrapping phase" not in proc.stderr
 
