@@ -1,17 +1,22 @@
 """CollectorBase: iteration, frame counting, trajectory ids, episode statistics, progress, devices.
 
 Subclasses implement ``_collect(random: bool) -> TensorDict [n_envs, T]`` (a fresh TensorDict the caller
-may keep), ``update_policy_weights_`` and ``_shutdown``.
+may keep), ``update_policy_weights_`` and ``_shutdown``. The multi-process collectors (MultiSync, Ray) share
+:func:`prepare_workers` and :func:`check_same_entries`.
 """
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
 
+import cloudpickle
 import torch
 from tensordict import TensorDictBase
 
+from tdcollect.envs.errors import SpecMismatchError
+from tdcollect.envs.factories import PickledFactory, resolve_factories
+
+from .policies import policy_module
 from .stats import TrajectoryTracker
 
 
@@ -31,7 +36,6 @@ class CollectorBase:
         self.frames = 0
         self.batches = 0
         self.episode_stats: dict = {}
-        self.recent_returns: deque = deque(maxlen=100)
         self._tracker: TrajectoryTracker | None = None
         self._closed = False
 
@@ -54,7 +58,6 @@ class CollectorBase:
                 if self._tracker is None:
                     self._tracker = TrajectoryTracker(batch.batch_size[0])
                 self.episode_stats = self._tracker.annotate(batch)
-                self.recent_returns.extend(self.episode_stats["returns"].tolist())
                 self.frames += batch.numel()
                 self.batches += 1
                 if bar is not None:
@@ -116,3 +119,42 @@ class CollectorBase:
             self.shutdown()
         except Exception:  # noqa: BLE001 - nothing useful can be done at garbage collection
             pass
+
+
+def check_env_device(env_device, owner: str) -> None:
+    if env_device is not None and torch.device(env_device).type != "cpu":
+        raise ValueError(f"{owner}: env_device must be the CPU (tdcollect's envs step on the CPU), got {env_device}.")
+
+
+def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_kwargs, env_device, owner: str,
+                    unit: str) -> tuple[list, bytes | None, object]:
+    """What a multi-process collector checks and packs in the main process before any worker starts:
+    ``(factories, policy_payload, module)`` — one cloudpickled env constructor per worker (``create_env_fn``
+    is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions) and the
+    ``nn.Module`` holding its weights (or None)."""
+    check_env_device(env_device, owner)
+    if num_workers is None:
+        num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
+    factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
+    pickled = [PickledFactory(fn, owner, f"{unit} {w}") for w, fn in enumerate(factories)]
+    payload = cloudpickle.dumps(policy) if policy is not None else None
+    return pickled, payload, policy_module(policy) if policy is not None else None
+
+
+def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str) -> None:
+    """Every worker's batches (``{worker: TensorDict [n_envs, T]}``) must have the same keys and, per key,
+    the same dtype and per-step shape as the first worker's; else a
+    :class:`~tdcollect.envs.errors.SpecMismatchError` naming the entries that differ."""
+    def entries(batch) -> dict:
+        return {str(key): (value.dtype, tuple(value.shape[2:])) for key, value in batch.items(True, True)}
+
+    first, *rest = sorted(batches)
+    reference = entries(batches[first])
+    for w in rest:
+        mine = entries(batches[w])
+        if mine != reference:
+            differ = "; ".join(f"{key}: {reference.get(key, 'missing')} vs {mine.get(key, 'missing')}"
+                               for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key))
+            raise SpecMismatchError(
+                f"{owner}: {unit} {w}'s batches differ from {unit} {first}'s ((dtype, shape per step) in "
+                f"{unit} {first} vs {unit} {w}: {differ}); all {unit}s' envs must share their specs.")

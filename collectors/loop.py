@@ -5,12 +5,13 @@ worker. ``storage`` (allocated once, in shared memory for the multi-process coll
 the keys of a TorchRL rollout: the root (observation keys, done flags), what the policy wrote ("action",
 log-probabilities, ...) and ``"next"`` (observation keys, reward, done flags); time is the last batch dim.
 
-With a tdcollect ``BatchedEnv`` (SerialEnv / ParallelEnv) a step is lean: the policy reads the env's root
-buffer, its outputs and the env's buffers are copied leaf by leaf (``torch._foreach_copy_``) into the
-storage; a plain ``TensorDictModule`` policy (``DirectModule``) is called on the buffer tensors themselves,
-so no TensorDict is built per step. Any other TorchRL env goes through ``step_and_maybe_reset``.
-Processes that only collect (the collector workers) pass ``inference_mode=True``: ``torch.inference_mode``
-instead of ``torch.no_grad`` saves a few µs per op of a small policy.
+With a tdcollect ``BatchedEnv`` (SerialEnv / ParallelEnv) a step is lean and goes through the env's buffer
+API only: the policy reads the env's root buffer, its actions are copied into the env's action buffers, and
+the env's step buffers are copied into the storage by a :class:`~tdcollect.envs.recorder.StepRecorder`; a
+plain ``TensorDictModule`` policy (``DirectModule``) is called on the buffer tensors themselves, so no
+TensorDict is built per step. Any other TorchRL env goes through ``step_and_maybe_reset``.
+Processes that only collect (the collector workers) pass ``inference_mode=True`` (``torch.inference_mode``,
+cheaper per op than ``torch.no_grad``).
 Consecutive batches continue the same episodes (the last root is carried over).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from tdcollect.envs.batched import BatchedEnv
+from tdcollect.envs.recorder import StepRecorder
 
 from .policies import DirectModule
 
@@ -63,24 +65,19 @@ class BatchLoop:
 
     def _prepare_lean(self) -> None:
         env = self.env
-        self.root_keys = list(env._root.keys(True, True))
-        root_set = set(self.root_keys)
-        next_keys = list(env._next.keys(True, True))
+        self.recorder = StepRecorder(env, self.storage)
+        root = env.root_buffer
+        root_set = set(self.recorder.root_keys)
         self.policy_keys = [k for k in self.storage_keys if k not in root_set and not _is_next(k)]
-        self.action_keys = [key for key, _, _ in env._action_slots]
-        self.action_buffers = [buffer for _, buffer, _ in env._action_slots]
-        self.policy_in = TensorDict({k: env._root.get(k) for k in self.root_keys}, batch_size=env.batch_size)
+        self.action_keys = self.recorder.action_keys
+        self.action_buffers = [buffer for _, buffer in env.action_buffers]
+        self.policy_in = TensorDict({k: root.get(k) for k in self.recorder.root_keys}, batch_size=env.batch_size)
         # a DirectModule reading root keys only is called on the root buffer's tensors
         self.direct_inputs = None
         if isinstance(self.policy, DirectModule) and set(self.policy.in_keys) <= root_set:
-            self.direct_inputs = [env._root.get(k) for k in self.policy.in_keys]
-        self.root_src = [env._root.get(k) for k in self.root_keys]
-        self.next_src = [env._next.get(k) for k in next_keys]
-        leaves = {k: self.storage.get(k) for k in self.storage_keys}
-        self.root_dst = [[leaves[k][:, t] for k in self.root_keys] for t in range(self.steps)]
-        self.next_dst = [[leaves[("next", *_tuple(k))][:, t] for k in next_keys] for t in range(self.steps)]
+            self.direct_inputs = [root.get(k) for k in self.policy.in_keys]
+        leaves = {k: self.storage.get(k) for k in self.policy_keys}
         self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
-        self.action_dst = [[leaves[k][:, t] for k in self.action_keys] for t in range(self.steps)]
 
     def set_seed(self, seed: int) -> None:
         """Seed the envs (env i: ``seed + i``) and this process' torch RNG, and start fresh episodes."""
@@ -117,13 +114,13 @@ class BatchLoop:
             env.write_actions(out)  # checked once: shape, dtype, values
         else:
             torch._foreach_copy_(self.action_buffers, actions)
-        torch._foreach_copy_(self.root_dst[t], self.root_src)
+        self.recorder.record_root(t)
         if random:
-            torch._foreach_copy_(self.action_dst[t], actions)
+            self.recorder.record_actions(t)
         else:
             torch._foreach_copy_(self.policy_dst[t], [out.get(k) for k in self.policy_keys])
-        env._run_step()
-        torch._foreach_copy_(self.next_dst[t], self.next_src)
+        env.step_buffers()
+        self.recorder.record_next(t)
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
 
@@ -156,6 +153,3 @@ class BatchLoop:
 def _is_next(key) -> bool:
     return isinstance(key, tuple) and key[0] == "next"
 
-
-def _tuple(key) -> tuple:
-    return key if isinstance(key, tuple) else (key,)

@@ -1,80 +1,51 @@
-"""MultiSyncCollector: N worker processes, each a collector loop over its own env and policy copy, writing
-into shared batch storage; the main process gathers one batch from all of them per iteration.
-
-Worker protocol (on top of ``envs.pool``; one docstring, every message)::
-
-    STARTING  builds its env from the cloudpickled constructor and its policy copy (bound to the shared
-              weights when it runs on the CPU)   -> ("envs", n_envs)        or ("error", report), exit 1
-              <- ("steps", T)                     allocates its storage [n_envs, T] in shared memory
-              -> ("storage", storage)             (sent once; the main process keeps the shared views)
-    IDLE      blocks on its ``wake`` semaphore
-    COLLECT / COLLECT_RANDOM
-              fills its storage with the next T steps (policy / random actions), records the weights version
-              it acted with in ``versions[w]``; then OK or FAILED + report; releases ``done``
-    CLOSE     closes its env and exits
+"""MultiSyncCollector: N worker processes, each a collector loop over its own env and policy copy
+(``worker.py``), writing into shared batch storage; the main process gathers one batch from all of them per
+iteration. The messages between them are part of the worker protocol (``tdcollect/envs/protocol.py``).
 
 Workers are idle while the main process uses a batch, so a weight update reaches every worker before the
 next batch (synchronous, on-policy collection).
 """
 from __future__ import annotations
 
-import cloudpickle
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from tdcollect.envs.errors import WorkerError
-from tdcollect.envs.factories import PickledFactory, resolve_factories
-from tdcollect.envs.pool import WorkerChannel, WorkerPool, exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 
-from .base import CollectorBase
-from .env_setup import build_worker
-from .loop import BatchLoop
-from .policies import policy_module
-from .single import _check_env_device
+from .base import CollectorBase, check_same_entries, prepare_workers
 from .weights import SharedWeights
+from .worker import run_collector_worker
 
-COLLECT, COLLECT_RANDOM = 1, 2
-COMMAND_NAMES = {COLLECT: "collection", COLLECT_RANDOM: "collection (random actions)"}
+OWNER = "MultiSyncCollector"
 
 
-def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weights, versions, config) -> None:
-    channel.start()
-    env = None
-    try:
-        env, policy, module = build_worker(factory, policy_payload, config["policy_device"], "MultiSyncCollector")
-        on_cpu = config["policy_device"] is None or torch.device(config["policy_device"]).type == "cpu"
-        if weights is not None and on_cpu:
-            weights.bind(module)
-        local_params = TensorDict.from_module(module).data if weights is not None and not on_cpu else None
-    except BaseException as exc:  # noqa: BLE001 - reported to the main process
-        if env is not None:
-            env.close()
-        channel.fail_start(exc)
-    try:
-        channel.conn.send(("envs", env.batch_size.numel()))
-        message = channel.receive()
-        if message is None:
-            return
-        _, steps = message
-        loop = BatchLoop(env, policy, steps, shared=True, reset_at_each_iter=config["reset_at_each_iter"],
-                         max_frames_per_traj=config["max_frames_per_traj"], inference_mode=True)
-        channel.conn.send(("storage", loop.storage))
-        seen = [-1]
+class StorageHandshake:
+    """MultiSyncCollector's half of the start-up handshake (``protocol.py``): from the workers' env counts,
+    ``T = frames_per_batch / total envs`` (first start; a restarted worker must have as many envs as
+    before); each worker's storage ``[n_envs, T]`` must hold the same entries as the others'."""
 
-        def collect(random: bool) -> None:
-            if local_params is not None:
-                seen[0] = weights.pull(local_params, seen[0])
-            elif weights is not None:
-                seen[0] = int(weights.version)
-            versions[channel.index] = seen[0]
-            loop.collect(random)
+    def __init__(self, frames_per_batch: int):
+        self.frames_per_batch = frames_per_batch
+        self.envs_per_worker: list[int] = []
+        self.steps: int | None = None
+        self.storages: dict[int, TensorDictBase] = {}
 
-        channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)}, loop,
-                      COMMAND_NAMES)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass
-    finally:
-        env.close()
+    def setup(self, infos: dict[int, int]) -> dict[int, int]:
+        if self.steps is None:
+            self.envs_per_worker = [infos[w] for w in sorted(infos)]
+            self.steps = CollectorBase.steps_per_batch(self.frames_per_batch, sum(self.envs_per_worker), OWNER)
+        for w, n_envs in infos.items():
+            if n_envs != self.envs_per_worker[w]:
+                raise ValueError(f"{OWNER}: restarted worker {w} has {n_envs} envs, not "
+                                 f"{self.envs_per_worker[w]} as before; constructors must build the same envs "
+                                 "every time.")
+        return {w: self.steps for w in infos}
+
+    def ready(self, replies: dict[int, TensorDictBase]) -> None:
+        self.storages.update(replies)
+        check_same_entries(self.storages, OWNER, "worker")
 
 
 class MultiSyncCollector(CollectorBase):
@@ -105,41 +76,27 @@ class MultiSyncCollector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar)
-        _check_env_device(env_device, "MultiSyncCollector")
-        if num_workers is None:
-            num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
-        factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, "MultiSyncCollector",
-                                      "num_workers")
-        pickled = [PickledFactory(fn, "MultiSyncCollector", f"worker {w}") for w, fn in enumerate(factories)]
+        pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
+                                                   env_device, OWNER, "worker")
         self.policy = policy
-        module = policy_module(policy) if policy is not None else None
+        self.num_workers = num_workers = len(pickled)
+        self.max_restarts = int(max_restarts)
         self._weights = SharedWeights(module) if module is not None else None
         self._versions_tensor = torch.full((num_workers,), -1, dtype=torch.int64).share_memory_()
-        payload = cloudpickle.dumps(policy) if policy is not None else None
         config = {"policy_device": policy_device or device, "reset_at_each_iter": reset_at_each_iter,
                   "max_frames_per_traj": max_frames_per_traj}
-        self.num_workers = num_workers
-        self.max_restarts = int(max_restarts)
+        self._handshake = StorageHandshake(frames_per_batch)
         self._pool = WorkerPool(
             run_collector_worker,
             [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
-            start_method=resolve_start_method(mp_start_method), timeout=timeout, owner="MultiSyncCollector",
-            command_names=COMMAND_NAMES,
+            handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
+            owner=OWNER,
         )
-        try:
-            self.envs_per_worker = self._pool.receive_all("construction")
-            steps = self.steps_per_batch(frames_per_batch, sum(self.envs_per_worker), "MultiSyncCollector")
-            self._steps = steps
-            self._pool.send_all(("steps", steps))
-            self._storages = self._pool.receive_all("start-up")
-            _check_same_keys(self._storages)
-        except BaseException:
-            self._pool.stop()
-            raise
+        self.envs_per_worker = self._handshake.envs_per_worker
 
     def _collect(self, random: bool) -> TensorDictBase:
-        """Run one collection on every worker. A failed worker is replaced while ``max_restarts`` allows and
-        its share of the batch is collected again (the batch is always full); otherwise — and on Ctrl-C —
+        """Run one collection on every worker. Failed workers are replaced while ``max_restarts`` allows and
+        their share of the batch is collected again (the batch is always full); otherwise — and on Ctrl-C —
         the collector shuts down before the error propagates."""
         code = COLLECT_RANDOM if random else COLLECT
         workers = list(range(self.num_workers))
@@ -148,33 +105,21 @@ class MultiSyncCollector(CollectorBase):
                 self._pool.run(code, workers)
                 workers = []
             except WorkerError as err:
-                failures = self._pool.replaceable(err, self.max_restarts)
-                if failures is None:
+                try:
+                    workers = self._pool.replace_failed(err, self.max_restarts)
+                except BaseException:
                     self.shutdown()
                     raise
-                workers = sorted(failures)
-                self._restart(failures)
+                if workers is None:
+                    self.shutdown()
+                    raise
+                for w in workers:  # their envs start new episodes (and new trajectory ids)
+                    first = sum(self.envs_per_worker[:w])
+                    self._restart_trajectories(range(first, first + self.envs_per_worker[w]))
             except KeyboardInterrupt:
                 self.shutdown()
                 raise
-        return torch.cat(self._storages, 0)
-
-    def _restart(self, failures: dict) -> None:
-        """Replace the failed workers; their envs start new episodes (and new trajectory ids)."""
-        try:
-            for w in sorted(failures):
-                self._pool.restart(w, failures[w])
-                n_envs = self._pool.receive(w, "construction")
-                if n_envs != self.envs_per_worker[w]:
-                    raise ValueError(f"MultiSyncCollector: restarted worker {w} has {n_envs} envs, "
-                                     f"not {self.envs_per_worker[w]} as before.")
-                self._pool.conns[w].send(("steps", self._steps))
-                self._storages[w] = self._pool.receive(w, "start-up")
-                first = sum(self.envs_per_worker[:w])
-                self._restart_trajectories(range(first, first + n_envs))
-        except BaseException:
-            self.shutdown()
-            raise
+        return torch.cat([self._handshake.storages[w] for w in range(self.num_workers)], 0)
 
     @property
     def restarts(self) -> list[int]:
@@ -193,7 +138,7 @@ class MultiSyncCollector(CollectorBase):
         every worker acts with them from the next batch on (see ``weight_versions``)."""
         if self._weights is None:
             return
-        self._weights.publish(policy_weights if policy_weights is not None else policy_module(self.policy))
+        self._weights.publish(policy_weights if policy_weights is not None else self.policy)
 
     @property
     def weight_versions(self) -> list[int]:
@@ -205,17 +150,9 @@ class MultiSyncCollector(CollectorBase):
         return self._pool.pids
 
     def _shutdown(self) -> None:
-        self._pool.stop()
-        self._storages = []
+        pool, handshake = self.__dict__.get("_pool"), self.__dict__.get("_handshake")
+        if pool is not None:
+            pool.stop()
+        if handshake is not None:
+            handshake.storages.clear()
 
-
-def _check_same_keys(storages: list[TensorDictBase]) -> None:
-    reference = set(storages[0].keys(True, True))
-    for w, storage in enumerate(storages[1:], start=1):
-        keys = set(storage.keys(True, True))
-        if keys != reference:
-            raise ValueError(
-                f"MultiSyncCollector: worker {w}'s batches have other keys than worker 0's "
-                f"(only in worker 0: {sorted(map(str, reference - keys))}; only in worker {w}: "
-                f"{sorted(map(str, keys - reference))}); all workers' envs must share their specs."
-            )

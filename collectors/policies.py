@@ -37,7 +37,7 @@ class ObservationToAction(nn.Module):
 
 class DirectModule:
     """Runs a plain ``TensorDictModule`` by calling its inner module on the input tensors and setting the
-    outputs: the same result without the per-call TensorDict machinery (hundreds of µs per step)."""
+    outputs: the same result without the per-call TensorDict machinery."""
 
     def __init__(self, td_module: TensorDictModule):
         self.td_module = td_module
@@ -106,4 +106,6 @@ def policy_module(policy) -> nn.Module | None:
         policy = policy.policy
     if isinstance(policy, DirectModule):
         policy = policy.td_module
+    if isinstance(policy, ObservationToAction):
+        policy = policy.module
     return policy if isinstance(policy, nn.Module) else None

@@ -33,10 +33,8 @@ import time
 import uuid
 import warnings
 
-import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torch import nn
 
 try:
     import ray
@@ -48,14 +46,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess that 
     ) from exc
 
 from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
-from tdcollect.envs.factories import PickledFactory, resolve_factories
-from tdcollect.envs.pool import error_report, worker_error
+from tdcollect.envs.protocol import error_report, worker_error
 
-from .base import CollectorBase
+from .base import CollectorBase, check_same_entries, prepare_workers
 from .env_setup import build_worker
 from .loop import BatchLoop
-from .policies import policy_module
-from .single import _check_env_device
+from .weights import policy_weights_of
 
 OWNER = "RayCollector"
 
@@ -64,7 +60,7 @@ class RayCollectorWorker:
     """One Ray actor: its env(s), its policy copy and its batch loop (built at the first ``collect`` or
     ``set_seed``, when the driver knows ``steps``). Ray runs ``__init__`` again, with the same arguments,
     when it restarts the actor. Every method answers ``("ok", value)`` or ``("error", report)`` (a report as
-    :func:`envs.pool.error_report` makes it), so that the driver raises one clear error naming the actor."""
+    :func:`tdcollect.envs.protocol.error_report` makes it), so that the driver raises one clear error naming the actor."""
 
     def __init__(self, factory, policy_payload: bytes | None, config: dict):
         self.incarnation = uuid.uuid4().hex  # tells the driver that Ray restarted this actor
@@ -190,16 +186,12 @@ class RayCollector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar)
-        _check_env_device(env_device, OWNER)
         policy_device = policy_device or device
         _check_resources(num_cpus, num_gpus, max_restarts, timeout, policy_device, ray_init_kwargs)
-        if num_workers is None:
-            num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
-        factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, OWNER, "num_workers")
-        pickled = [PickledFactory(fn, OWNER, f"actor {w}") for w, fn in enumerate(factories)]
+        pickled, payload, self._module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
+                                                         env_device, OWNER, "actor")
+        num_workers = len(pickled)
         self.policy = policy
-        self._module = policy_module(policy) if policy is not None else None
-        payload = cloudpickle.dumps(policy) if policy is not None else None
         self.num_workers, self.max_restarts, self.timeout = num_workers, int(max_restarts), float(timeout)
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self._weights_ref, self._version = None, 0
@@ -308,7 +300,11 @@ class RayCollector(CollectorBase):
                                  "of envs; constructors must build the same envs every time.")
             batches.append(batch)
         if self.batches == 0:
-            self._check_same_entries(batches)
+            try:
+                check_same_entries(dict(enumerate(batches)), OWNER, "actor")
+            except ValueError:
+                self.shutdown()
+                raise
         return torch.cat(batches, 0)
 
     def _note_restart(self, w: int, info: dict) -> None:
@@ -320,22 +316,6 @@ class RayCollector(CollectorBase):
         self.nodes[w] = info["node"]
         first = sum(self.envs_per_worker[:w])
         self._restart_trajectories(range(first, first + self.envs_per_worker[w]))
-
-    def _check_same_entries(self, batches: list[TensorDictBase]) -> None:
-        """All actors' batches must have the same keys and, per key, the same dtype and per-step shape."""
-        def entries(batch) -> dict:
-            return {str(key): (value.dtype, tuple(value.shape[2:])) for key, value in batch.items(True, True)}
-
-        reference = entries(batches[0])
-        for w, batch in enumerate(batches[1:], start=1):
-            mine = entries(batch)
-            if mine != reference:
-                differ = "; ".join(f"{key}: {reference.get(key, 'missing')} vs {mine.get(key, 'missing')}"
-                                   for key in sorted(set(mine) | set(reference))
-                                   if mine.get(key) != reference.get(key))
-                self.shutdown()
-                raise ValueError(f"{OWNER}: actor {w}'s batches differ from actor 0's ((dtype, shape per step) "
-                                 f"in actor 0 vs actor {w}: {differ}); all actors' envs must share their specs.")
 
     def set_seed(self, seed: int) -> None:
         """Env i (counted over all actors) gets ``seed + i``, actor w's torch RNG ``seed + first env of w``;
@@ -351,12 +331,7 @@ class RayCollector(CollectorBase):
         (see ``weight_versions``)."""
         if self._module is None:
             return
-        source = self._module if policy_weights is None else policy_weights
-        if isinstance(source, nn.Module):
-            source = TensorDict.from_module(source).data
-        if not isinstance(source, TensorDictBase):
-            raise TypeError(f"{OWNER}.update_policy_weights_ takes a TensorDict of weights or an nn.Module, "
-                            f"got {type(source).__name__}.")
+        source = policy_weights_of(self._module if policy_weights is None else policy_weights)
         self._weights_ref = ray.put(source.detach().to("cpu"))
         self._version += 1
 

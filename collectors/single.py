@@ -2,13 +2,13 @@
 one batched policy forward per step, on a GPU if asked)."""
 from __future__ import annotations
 
-import torch
 from tensordict import TensorDictBase
 
-from .base import CollectorBase
+from .base import CollectorBase, check_env_device
 from .env_setup import make_batched_env
 from .loop import BatchLoop
 from .policies import make_policy
+from .weights import policy_weights_of
 
 
 class Collector(CollectorBase):
@@ -37,7 +37,7 @@ class Collector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar)
-        _check_env_device(env_device, "Collector")
+        check_env_device(env_device, "Collector")
         self.env, self._owns_env = make_batched_env(create_env_fn, "Collector")
         try:
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
@@ -60,15 +60,9 @@ class Collector(CollectorBase):
         """The policy runs in this process, so it always acts with its current weights; with
         ``policy_weights`` (a TensorDict), those are copied into it first."""
         if policy_weights is not None:
-            from tensordict import TensorDict
-
-            TensorDict.from_module(self.policy).data.update_(policy_weights)
+            policy_weights_of(self.policy).update_(policy_weights_of(policy_weights))
 
     def _shutdown(self) -> None:
         if self._owns_env and not self.env.is_closed:
             self.env.close()
 
-
-def _check_env_device(env_device, owner: str) -> None:
-    if env_device is not None and torch.device(env_device).type != "cpu":
-        raise ValueError(f"{owner}: env_device must be the CPU (tdcollect's envs step on the CPU), got {env_device}.")

@@ -9,21 +9,35 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torch import nn
+
+from .policies import policy_module
+
+
+def policy_weights_of(source) -> TensorDictBase:
+    """The weights of a policy as a TensorDict of its parameters and buffers (sharing their memory):
+    ``source`` is a policy as the user passed it or as a collector wrapped it, any ``nn.Module``, or already
+    a TensorDict of weights (returned as it is). Keys are those of the user's module."""
+    if isinstance(source, TensorDictBase):
+        return source
+    module = policy_module(source)
+    if module is None:
+        raise TypeError(f"policy weights come from an nn.Module or a TensorDict of its weights, got "
+                        f"{type(source).__name__}.")
+    return TensorDict.from_module(module).data
 
 
 class SharedWeights:
-    def __init__(self, module: nn.Module):
-        self.params = TensorDict.from_module(module).data.to("cpu").clone().share_memory_()
+    def __init__(self, module):
+        self.params = policy_weights_of(module).to("cpu").clone().share_memory_()
         self.version = torch.zeros((), dtype=torch.int64).share_memory_()
 
-    def publish(self, source: nn.Module | TensorDictBase) -> None:
-        """Copy new weights in place (from a module with the same structure, or a TensorDict of them)."""
-        new = TensorDict.from_module(source).data if isinstance(source, nn.Module) else source
-        self.params.update_(new)
+    def publish(self, source) -> None:
+        """Copy new weights in place (from a policy or module of the same structure, or a TensorDict of
+        them; see :func:`policy_weights_of`)."""
+        self.params.update_(policy_weights_of(source))
         self.version += 1
 
-    def bind(self, module: nn.Module) -> None:
+    def bind(self, module) -> None:
         """Make ``module`` (on the CPU) use the shared tensors themselves as its parameters."""
         self.params.to_module(module)
 

@@ -29,7 +29,7 @@ from .errors import WorkerError, failures_of
 from .parallel import ParallelEnv
 from .shared import numpy_view
 from .specs import value_checker
-from .worker import RESET, STEP
+from .protocol import RESET, STEP
 
 
 class AsyncParallelEnv(ParallelEnv):
@@ -53,10 +53,10 @@ class AsyncParallelEnv(ParallelEnv):
         k = self.envs_per_worker
         self._slices = [slice(w * k, (w + 1) * k) for w in range(num_workers)]
         # numpy views of the buffers, copied from per recv: (key, array, tensor dtype) for the root and "next"
-        self._root_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self._root.items(True, True)]
-        self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self._next.items(True, True)]
+        self._root_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.root_buffer.items(True, True)]
+        self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.next_buffer.items(True, True)]
         self._observation_keys = set(self.full_observation_spec.keys(True, True))
-        self._action_arrays = [numpy_view(buffer) for _, buffer, _ in self._action_slots]
+        self._action_arrays = [numpy_view(buffer) for _, buffer in self.action_buffers]
         self._single_action_spec = self._specs.action
         self._action_checks = {}  # batch size -> {action key: value check}
 
@@ -66,7 +66,7 @@ class AsyncParallelEnv(ParallelEnv):
         self._ensure_open()
         self._ensure_none_in_flight("async_reset()")
         self._reset_mask[:] = True
-        self._pending_reset[:] = False
+        self.discard_pending_resets()
         self._start(RESET, list(range(self.num_workers)))
         self._received.clear()
 
@@ -160,7 +160,7 @@ class AsyncParallelEnv(ParallelEnv):
         n = len(workers) * self.envs_per_worker
         if n not in self._action_checks:
             spec = self._single_action_spec.expand(n)
-            self._action_checks[n] = {key: value_checker(spec[key]) for key, _, _ in self._action_slots}
+            self._action_checks[n] = {key: value_checker(spec[key]) for key in self.action_keys}
         values = self.checked_actions(tensordict, n, self._action_checks[n])
         k = self.envs_per_worker
         for array, value in zip(self._action_arrays, values):

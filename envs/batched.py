@@ -1,8 +1,13 @@
 """BatchedEnv: the TorchRL ``EnvBase`` face shared by SerialEnv and ParallelEnv.
 
-A subclass owns ``num_envs`` envs and the step buffers (``shared.py``) and implements four hooks:
-``_run_step()``, ``_run_reset(mask)``, ``_run_set_seeds(seeds)``, ``_shutdown()``. Everything else —
-specs, action checks, ``reset`` / ``step`` / ``step_and_maybe_reset`` / ``rollout``, ``close`` — lives here.
+A subclass owns ``num_envs`` envs and implements four hooks: ``_run_step()``, ``_run_reset(mask)``,
+``_run_set_seeds(seeds)``, ``_shutdown()``. Everything else — specs, action checks, ``reset`` / ``step`` /
+``step_and_maybe_reset`` / ``rollout``, ``close`` — lives here.
+
+The step buffers (``shared.py``) belong to this class: no other module touches their internals. The lean
+loops (``rollout.py``, the collectors' loop, ``AsyncParallelEnv``) use the buffer API: ``root_buffer``,
+``next_buffer``, ``action_buffers``, ``next_done``, ``step_buffers()``, ``keep_pending_resets()`` and
+``discard_pending_resets()``; ``recorder.StepRecorder`` copies the buffers into ``[num_envs, T]`` storage.
 
 Auto-reset: every step resets the envs that ended and leaves their reset observation in the root buffer.
 ``step_and_maybe_reset`` returns it directly; after a plain ``step``, a ``reset`` whose ``"_reset"`` mask
@@ -18,8 +23,8 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
-from .rollout import random_rollout, policy_rollout
-from .shared import EnvSpecs
+from .rollout import policy_rollout, random_rollout
+from .shared import EnvSpecs, key_tuple
 from .specs import value_checker
 
 
@@ -38,7 +43,7 @@ class BatchedEnv(EnvBase):
         self._root = buffers.get("root")
         self._next = buffers.get("next")
         self._action_slots = [
-            (key, buffers.get(("action", *_as_tuple(key))), self.full_action_spec[key])
+            (key, buffers.get(("action", *key_tuple(key))), self.full_action_spec[key])
             for key in self.full_action_spec.keys(True, True)
         ]
         self._value_checks = {key: value_checker(spec) for key, _, spec in self._action_slots}
@@ -61,6 +66,47 @@ class BatchedEnv(EnvBase):
     def _shutdown(self) -> None:
         raise NotImplementedError
 
+    # ----------------------------------------------------------------- buffer API
+    @property
+    def root_buffer(self) -> TensorDictBase:
+        """The state the next action is taken in, ``[num_envs]``: observation keys and done flags (after a
+        step, the reset observation where an env ended). A view, overwritten by the next step or reset."""
+        return self._root
+
+    @property
+    def next_buffer(self) -> TensorDictBase:
+        """What the last step returned, ``[num_envs]``: observation keys, reward and done flags (the terminal
+        observation where an env ended). A view, overwritten by the next step."""
+        return self._next
+
+    @property
+    def action_buffers(self) -> list[tuple]:
+        """``[(action key, tensor [num_envs, ...])]`` in ``action_keys`` order: what :meth:`step_buffers`
+        sends to the envs. Writing them skips the checks of :meth:`write_actions`."""
+        return [(key, buffer) for key, buffer, _ in self._action_slots]
+
+    @property
+    def next_done(self) -> np.ndarray:
+        """bool ``[num_envs]``: which envs ended in the last step (a view of ``next_buffer["done"]``)."""
+        return self._next_done
+
+    def step_buffers(self) -> None:
+        """Step every env with the actions in :attr:`action_buffers`; the results are in
+        :attr:`next_buffer` and :attr:`root_buffer` (where an env ended, it was reset, and a later
+        ``reset`` with a ``"_reset"`` mask covering it returns that observation without resetting it again)."""
+        self._run_step()
+        self.keep_pending_resets()
+
+    def keep_pending_resets(self) -> None:
+        """Remember which envs ended in the last step: their reset observation sits in the root buffer and
+        answers the next ``reset`` whose ``"_reset"`` mask covers them (they are not reset twice)."""
+        self._pending_reset[:] = self._next_done
+
+    def discard_pending_resets(self) -> None:
+        """Forget which envs ended in the last step: their reset observation in the root buffer no longer
+        stands for a reset (the envs were reset or stepped in another way since)."""
+        self._pending_reset[:] = False
+
     # ----------------------------------------------------------------- EnvBase API
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         self._ensure_open()
@@ -81,7 +127,6 @@ class BatchedEnv(EnvBase):
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         self.step_in_place(tensordict)
-        self._pending_reset[:] = self._next_done
         return self._next.clone()
 
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
@@ -103,10 +148,10 @@ class BatchedEnv(EnvBase):
         return tensordict, next_root
 
     def step_in_place(self, tensordict: TensorDictBase) -> None:
-        """The lean step: copy the actions in, step every env, leave the results in the buffers."""
+        """The lean step: copy the actions in (checked), step every env, leave the results in the buffers."""
         self._ensure_open()
         self.write_actions(tensordict)
-        self._run_step()
+        self.step_buffers()
 
     def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
         """Copy the action entries of ``tensordict`` into the action buffer, after checking them.
@@ -224,9 +269,6 @@ class BatchedEnv(EnvBase):
             f"observation keys={list(self.full_observation_spec.keys(True, True))})"
         )
 
-
-def _as_tuple(key) -> tuple:
-    return key if isinstance(key, tuple) else (key,)
 
 
 def _bounds(spec) -> str:

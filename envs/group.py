@@ -11,9 +11,8 @@ import numpy as np
 from tensordict import TensorDictBase
 
 from .adapters import block_stepper, make_stepper
-from .errors import SpecMismatchError
 from .shared import BufferViews, EnvSpecs
-from .specs import spec_differences
+from .specs import check_same_specs
 
 
 class EnvGroup:
@@ -28,15 +27,8 @@ class EnvGroup:
             for fn in factories:
                 self.steppers.append(make_stepper(fn(), owner))
             self.specs: EnvSpecs = self.steppers[0].specs
-            reference = self.specs.as_composite()
-            for offset, stepper in enumerate(self.steppers[1:], start=1):
-                diffs = spec_differences(reference, stepper.specs.as_composite())
-                if diffs:
-                    raise SpecMismatchError(
-                        f"env {first_index + offset} has other specs than env {first_index}: "
-                        + "; ".join(diffs)
-                        + ". All envs of one batched env must share their specs."
-                    )
+            check_same_specs({f"env {first_index + i}": stepper.specs for i, stepper in enumerate(self.steppers)},
+                             "All envs of one batched env must share their specs.")
         except BaseException:
             self.close()
             raise

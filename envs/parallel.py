@@ -1,19 +1,46 @@
 """ParallelEnv: envs in worker processes that exchange data through shared-memory buffers."""
 from __future__ import annotations
 
-import pickle
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from .batched import BatchedEnv
-from .errors import SpecMismatchError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
+from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, resolve_factories
 from .pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
-from .shared import allocate_buffers
-from .specs import spec_differences
-from .worker import COMMAND_NAMES, RESET, STEP, run_worker
+from .protocol import RESET, STEP, run_env_worker
+from .shared import EnvSpecs, allocate_buffers
+from .specs import check_same_specs
+
+
+class BufferHandshake:
+    """ParallelEnv's half of the start-up handshake (``protocol.py``): the workers' specs must agree (with
+    each other, and a restarted worker's with the first start's); the first start allocates the shared
+    buffers from them; every worker gets the buffers and the reset mask."""
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+        self.specs: EnvSpecs | None = None
+        self.buffers = self.reset_tensor = None
+
+    def setup(self, infos: dict[int, EnvSpecs]) -> dict:
+        known = {} if self.specs is None else {"the first start's workers": self.specs}
+        check_same_specs({**known, **{f"worker {w}": specs for w, specs in infos.items()}},
+                         "All constructors of one ParallelEnv must build envs with the same specs.")
+        if self.specs is None:
+            self.specs = infos[min(infos)]
+            self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
+            self.reset_tensor = torch.zeros(self.num_envs, dtype=torch.bool).share_memory_()
+        return {w: (self.buffers, self.reset_tensor) for w in infos}
+
+    def ready(self, replies: dict) -> None:
+        pass
+
+    def release(self) -> None:
+        """Drop the buffers, so that their shared memory (and its file descriptors) is freed."""
+        self.buffers = self.reset_tensor = None
 
 
 class ParallelEnv(BatchedEnv):
@@ -69,38 +96,15 @@ class ParallelEnv(BatchedEnv):
         self.timeout = float(timeout)
         self.max_restarts = int(max_restarts)
         num_envs = num_workers * envs_per_worker
+        self._handshake = handshake = BufferHandshake(num_envs)
         self._pool = WorkerPool(
-            run_worker,
+            run_env_worker,
             [(factory, envs_per_worker, w * envs_per_worker) for w, factory in enumerate(pickled)],
-            start_method=method, timeout=timeout, owner="ParallelEnv", command_names=COMMAND_NAMES,
-            spin_s=spin_s,
+            handshake=handshake, start_method=method, timeout=timeout, owner="ParallelEnv", spin_s=spin_s,
         )
-        try:
-            specs = self._check_specs([pickle.loads(p) for p in self._pool.receive_all("construction")])
-            self._buffers_shared = allocate_buffers(specs, num_envs, shared=True)
-            self._reset_tensor = torch.zeros(num_envs, dtype=torch.bool).share_memory_()
-            self._reset_mask = self._reset_tensor.numpy()
-            self._pool.send_all(("buffers", self._buffers_shared, self._reset_tensor))
-            self._pool.receive_all("start-up")
-        except BaseException:
-            self._pool.stop()
-            raise
-        self._specs = specs
-        super().__init__(specs, num_envs, self._buffers_shared, check_actions=check_actions)
-
-    @staticmethod
-    def _check_specs(specs, workers=None):
-        """``specs[0]`` if every worker's specs equal it, else a SpecMismatchError naming the keys."""
-        workers = list(range(len(specs))) if workers is None else workers
-        reference = specs[0].as_composite()
-        for w, other in zip(workers[1:], specs[1:]):
-            diffs = spec_differences(reference, other.as_composite())
-            if diffs:
-                raise SpecMismatchError(
-                    f"worker {w}'s envs have other specs than worker {workers[0]}'s: {'; '.join(diffs)}. "
-                    "All constructors of one ParallelEnv must build envs with the same specs."
-                )
-        return specs[0]
+        self._specs = handshake.specs
+        self._reset_mask = handshake.reset_tensor.numpy()
+        super().__init__(handshake.specs, num_envs, handshake.buffers, check_actions=check_actions)
 
     # ----------------------------------------------------------------- commands
     def _run_step(self) -> None:
@@ -116,47 +120,50 @@ class ParallelEnv(BatchedEnv):
         self._run(self._pool.call, "set_seeds", [(seeds[w * k : (w + 1) * k],) for w in range(self.num_workers)])
 
     def _run(self, fn, *args):
-        """Run a pool command. A failed worker is replaced while ``max_restarts`` allows (then the command's
+        """Run a pool command. Failed workers are replaced while ``max_restarts`` allows (then the command's
         result stands, see the class docstring); otherwise, when a worker died or hung, or on Ctrl-C, this
         env is closed before the error propagates."""
         try:
             return fn(*args)
         except WorkerError as err:
-            failures = None if self.is_closed else self._pool.replaceable(err, self.max_restarts)
-            if failures is None:
-                self._close_if_fatal(err)
-                raise
-            self._restart(failures, stepping=fn == self._pool.run and args[0] == STEP)
+            self._recover(err, stepping=fn == self._pool.run and args[0] == STEP)
         except KeyboardInterrupt:
             self.close()
             raise
+
+    def _recover(self, err: WorkerError, stepping: bool) -> None:
+        """Replace the workers behind ``err`` and reset their envs; when a step failed, write that step's
+        "next" for them: the reset observation, reward 0, truncated and done. A failure on the way (a
+        replacement dying in its start-up or its first reset) goes through the same restart budget."""
+        replaced: set[int] = set()
+        while True:
+            try:
+                workers = None if self.is_closed else self._pool.replace_failed(err, self.max_restarts)
+                if workers is None:
+                    break
+                replaced.update(workers)
+                k = self.envs_per_worker
+                self._reset_mask[:] = False
+                for w in replaced:
+                    self._reset_mask[w * k : (w + 1) * k] = True
+                self._pool.run(RESET, sorted(replaced))
+            except WorkerError as again:
+                err = again
+                continue
+            except BaseException:
+                self.close()
+                raise
+            if stepping:
+                self._write_restarted_step(torch.as_tensor(self._reset_mask))
+            return
+        self._close_if_fatal(err)
+        raise err
 
     def _close_if_fatal(self, err: WorkerError) -> None:
         """Close this env when a worker behind ``err`` died or hung (an exception raised by an env leaves the
         env usable)."""
         if any(isinstance(e, (WorkerDiedError, WorkerTimeoutError)) for e in failures_of(err).values()):
             self.close()
-
-    def _restart(self, failures: dict, stepping: bool) -> None:
-        """Replace the failed workers, reset their envs and, when a step failed, write that step's "next"
-        for them: the reset observation, reward 0, truncated and done. On any error here the env closes."""
-        workers = sorted(failures)
-        try:
-            for w in workers:
-                self._pool.restart(w, failures[w])
-                self._check_specs([self._specs, pickle.loads(self._pool.receive(w, "construction"))], [0, w])
-                self._pool.conns[w].send(("buffers", self._buffers_shared, self._reset_tensor))
-                self._pool.receive(w, "start-up")
-            k = self.envs_per_worker
-            self._reset_mask[:] = False
-            for w in workers:
-                self._reset_mask[w * k : (w + 1) * k] = True
-            self._pool.run(RESET, workers)
-        except BaseException:
-            self.close()
-            raise
-        if stepping:
-            self._write_restarted_step(torch.as_tensor(self._reset_mask))
 
     def _write_restarted_step(self, rows: torch.Tensor) -> None:
         for key in self.full_observation_spec.keys(True, True):
@@ -174,7 +181,8 @@ class ParallelEnv(BatchedEnv):
 
     def _shutdown(self) -> None:
         self._pool.stop()
-        self._reset_tensor = self._reset_mask = self._buffers_shared = None
+        self._reset_mask = None
+        self._handshake.release()
 
     @property
     def worker_pids(self) -> list[int]:

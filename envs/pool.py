@@ -1,54 +1,41 @@
-"""WorkerPool: processes driven by semaphores and a shared command array (used by ParallelEnv and the
-collectors), and WorkerChannel: a worker's end of it.
-
-Main process -> worker ``w``: write ``command[w]`` (an int code), release ``wake[w]``.
-Worker ``w`` -> main process: write ``status[w]`` (OK or FAILED, plus a report on the pipe), release
-``done[w]`` — and, when the code carries the ``NOTIFY`` bit, then ``any_done`` too (one semaphore shared by
-all workers: :meth:`WorkerPool.wait_any` waits for whichever workers finish first). The pipe carries start-up messages, rare calls (code ``CALL``: ``(method, args)`` in,
-``("result", value)`` out) and error reports — never per-step data. ``CLOSE`` ends a worker.
+"""WorkerPool: the main process' side of the worker protocol (``protocol.py``): it starts worker processes,
+runs the start-up handshake with them, sends commands and waits for them, replaces failed workers and stops
+them.
 
 While it waits, the main process checks every ``poll_s`` that the worker is alive (a dead one is a
-:class:`~tdcollect.envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``; an idle worker wakes every
-second to exit if the main process is gone (and, on Linux, is killed with it anyway).
+:class:`~tdcollect.envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``.
 
-Waiting: bounded spin, then block. Waking a process blocked on a semaphore costs tens to hundreds of µs on a
-VM, more than a cheap step; polling the semaphore (``acquire(False)``, no system call) answers in about a µs
-but burns a core. So both sides poll for ``spin_s`` seconds before they block — the main process after it
-sent a command, a worker after it finished one — and :func:`default_spin_s` only spins when every worker and
-the main process can have a core of their own; with fewer cores spinning would slow the workers down.
+Waiting: bounded spin, then block. Waking a process blocked on a semaphore costs more than a cheap step
+on a VM; polling the semaphore answers at once but burns a core. So both sides poll for ``spin_s`` seconds
+before they block, and :func:`default_spin_s` only spins when every worker and the main process can have a
+core of their own; with fewer cores spinning would slow the workers down.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
+import pickle
 import sys
 import time
-import traceback
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
 from .errors import (
-    EnvWorkerError,
     MissingMainGuardError,
     WorkerDiedError,
     WorkerError,
     WorkerTimeoutError,
     failures_of,
 )
+from .protocol import CALL, CLOSE, MISSING_GUARD_EXIT, NOTIFY, OK, WorkerChannel, command_name, poll, worker_error
 
-CALL, CLOSE = 100, 101
-NOTIFY = 0x100  # a command code with this bit also releases ``any_done`` when the worker finishes
-OK, FAILED = 0, 1
-IDLE_POLL_S = 1.0
 START_METHODS = ("fork", "forkserver", "spawn")
 SPIN_S = 0.001  # how long a side polls before it blocks, when there are cores to spare
-# A worker importing an unguarded main module exits with this code; the main process explains it once.
-MISSING_GUARD_EXIT = 78
+_PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
 
 _GUARD_MESSAGE = """\
 {owner}'s worker processes (start method {method!r}) re-ran the top level of your script, which creates
@@ -104,26 +91,36 @@ def resolve_start_method(method: str | None) -> str:
     return method
 
 
-class WorkerPool:
-    """``num_workers`` processes running ``target(channel, *args[w])``; see the module docstring."""
+class Handshake(Protocol):
+    """The owner's half of the start-up handshake (see ``protocol.py``); called for the first start of all
+    workers and for every restart, with the workers concerned."""
 
-    def __init__(self, target: Callable, args: list[tuple], *, start_method: str, timeout: float,
-                 owner: str, command_names: dict[int, str], spin_s: float | None = None):
+    def setup(self, infos: dict[int, Any]) -> dict[int, Any]:
+        """``{worker: info}`` from their hellos -> ``{worker: setup payload}``; raises to refuse them."""
+
+    def ready(self, replies: dict[int, Any]) -> None:
+        """``{worker: reply}`` once they are bound and serving."""
+
+
+class WorkerPool:
+    """``num_workers`` processes running ``target(channel, *args[w])``, each started with ``handshake``."""
+
+    def __init__(self, target: Callable, args: list[tuple], *, handshake: Handshake, start_method: str,
+                 timeout: float, owner: str, spin_s: float | None = None):
         self.owner = owner
         self.spin_s = resolve_spin_s(spin_s, len(args))
         self.start_method = start_method
         self.timeout = float(timeout)
-        self.command_names = {CALL: "a call", CLOSE: "close", **command_names}
         self._poll_s = min(0.25, self.timeout)
         num_workers = len(args)
         context = tmp.get_context(start_method)
         if start_method == "forkserver":
-            context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.worker"])
+            context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.protocol"])
         self._command_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
         self._status_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
         self._command = self._command_tensor.numpy()
         self._status = self._status_tensor.numpy()
-        self._context, self._target, self._args = context, target, args
+        self._context, self._target, self._args, self._handshake = context, target, args, handshake
         self._wake, self._done = [None] * num_workers, [None] * num_workers
         self._any_done = context.Semaphore(0)
         self._last_liveness_check = 0.0
@@ -131,12 +128,13 @@ class WorkerPool:
         self.restarts = [0] * num_workers
         try:
             for w in range(num_workers):
-                self._start_worker(w)
+                self._spawn(w)
+            self._start_up(list(range(num_workers)))
         except BaseException:
             self.stop()
             raise
 
-    def _start_worker(self, w: int) -> None:
+    def _spawn(self, w: int) -> None:
         context = self._context
         self._wake[w], self._done[w] = context.Semaphore(0), context.Semaphore(0)
         parent_conn, child_conn = context.Pipe()
@@ -148,19 +146,46 @@ class WorkerPool:
         proc.start()
         child_conn.close()
 
-    def replaceable(self, err: Exception, max_restarts: int) -> dict | None:
-        """The failures behind ``err`` (``{worker: exception}``) when replacing those workers keeps the
-        pool within ``max_restarts`` replacements in all; None when it does not (or ``err`` is no worker's)."""
-        if not isinstance(err, WorkerError):
-            return None
-        failures = failures_of(err)
-        return failures if sum(self.restarts) + len(failures) <= max_restarts else None
+    def _start_up(self, workers: list[int]) -> None:
+        """The handshake with ``workers`` (just spawned; see ``protocol.py``)."""
+        infos = {w: pickle.loads(self.receive(w, "construction", "hello")) for w in workers}
+        payloads = self._handshake.setup(infos)
+        for w in workers:
+            try:
+                self.conns[w].send(("setup", payloads[w]))
+            except _PIPE_GONE:
+                self.procs[w].join(1.0)
+                raise self._death(w, "start-up") from None
+        self._handshake.ready({w: self.receive(w, "start-up", "ready") for w in workers})
 
-    def restart(self, w: int, cause: Exception) -> None:
-        """Replace worker ``w``, which failed with ``cause``, by a fresh process running the same target and
-        arguments, with a RuntimeWarning (the caller repeats its start-up exchange with it)."""
+    # ----------------------------------------------------------------- restarts
+    def replace_failed(self, err: BaseException, max_restarts: int) -> list[int] | None:
+        """Replace the workers that failed in ``err`` by fresh processes (same target, same arguments, the
+        same handshake as the first start), while the pool stays within ``max_restarts`` replacements in all.
+        A failure of a replacement during its start-up goes through the same budget. Returns the workers
+        replaced, or None when ``err`` is not a worker failure or the budget does not allow it (the caller
+        raises ``err``, or the last start-up failure, which this method raises itself)."""
+        replaced: set[int] = set()
+        while True:
+            if not isinstance(err, WorkerError):
+                return None
+            failures = failures_of(err)
+            if sum(self.restarts) + len(failures) > max_restarts:
+                if replaced:
+                    raise err
+                return None
+            try:
+                for w in sorted(failures):
+                    self._replace(w, failures[w])
+                self._start_up(sorted(failures))
+                return sorted(replaced | set(failures))
+            except WorkerError as again:
+                replaced |= set(failures)
+                err = again
+
+    def _replace(self, w: int, cause: Exception) -> None:
         warnings.warn(f"{self.owner}: restarting worker {w} after: {str(cause).splitlines()[0]}",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=5)
         old, conn = self.procs[w], self.conns[w]
         if old.exitcode is None:
             old.kill()
@@ -168,7 +193,7 @@ class WorkerPool:
         old.close()
         conn.close()
         self._status[w] = OK
-        self._start_worker(w)
+        self._spawn(w)
         self.restarts[w] += 1
 
     @property
@@ -181,31 +206,26 @@ class WorkerPool:
         return [p.pid for p in self.procs if p is not None and p.exitcode is None]
 
     # ----------------------------------------------------------------- pipe messages
-    def send_all(self, message) -> None:
-        for conn in self.conns:
-            conn.send(message)
-
-    def receive_all(self, during: str) -> list:
-        """One message value per worker (see :meth:`receive`), in worker order."""
-        return [self.receive(w, during) for w in range(self.num_workers)]
-
-    def receive(self, w: int, during: str):
-        """The value of worker ``w``'s next ``(kind, value)`` message, waiting with liveness checks and the
-        timeout; ``("error", report)`` becomes an :class:`~tdcollect.envs.errors.EnvWorkerError`, a dead worker a
-        :class:`~tdcollect.envs.errors.WorkerDiedError` (or :class:`~tdcollect.envs.errors.MissingMainGuardError`)."""
+    def receive(self, w: int, during: str, expected: str):
+        """The value of worker ``w``'s next message, which must be of kind ``expected``, waiting with liveness
+        checks and the timeout; ``("error", report)`` becomes an :class:`~tdcollect.envs.errors.EnvWorkerError`,
+        a dead worker a :class:`~tdcollect.envs.errors.WorkerDiedError` (or
+        :class:`~tdcollect.envs.errors.MissingMainGuardError`)."""
         deadline = time.monotonic() + self.timeout
         conn = self.conns[w]
-        while not conn.poll(self._poll_s):
-            failure = self._liveness_failure(w, during, deadline)
-            if failure is not None:
-                raise failure
         try:
+            while not conn.poll(self._poll_s):
+                failure = self._liveness_failure(w, during, deadline)
+                if failure is not None:
+                    raise failure
             kind, value = conn.recv()
-        except EOFError:
+        except _PIPE_GONE:
             self.procs[w].join(1.0)
             raise self._death(w, during) from None
         if kind == "error":
             raise worker_error(w, value)
+        if kind != expected:
+            raise RuntimeError(f"{self.owner}: worker {w} sent {kind!r} during {during}, expected {expected!r}.")
         return value
 
     # ----------------------------------------------------------------- commands
@@ -228,7 +248,7 @@ class WorkerPool:
         those ``n``, in the order they were found done. Failures raise as in :meth:`wait` (the failed ones
         among the ``n``; a dead or hung worker among ``in_flight`` too), with the workers found done so far
         in the exception's ``finished``."""
-        during = self.command_names.get(code, f"command {code}")
+        during = command_name(code)
         pending, finished = list(in_flight), []
         try:
             self._wait_any(n, pending, finished, during)
@@ -241,7 +261,7 @@ class WorkerPool:
         deadline = time.monotonic() + self.timeout
         spin_until = time.perf_counter() + self.spin_s
         while len(finished) < n:
-            acquired = _poll(self._any_done, spin_until) or self._any_done.acquire(timeout=self._poll_s)
+            acquired = poll(self._any_done, spin_until) or self._any_done.acquire(timeout=self._poll_s)
             # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
             if not acquired or time.monotonic() - self._last_liveness_check > self._poll_s:
                 self._last_liveness_check = time.monotonic()
@@ -279,13 +299,13 @@ class WorkerPool:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
         in its ``failures`` attribute (``{worker: exception}``). A worker that died or timed out (it is
         killed) is a failure too; the other workers are left as they are — the caller decides."""
-        during = self.command_names.get(code, f"command {code}")
+        during = command_name(code)
         deadline = None
         failures = {}
         spin_until = time.perf_counter() + self.spin_s
         for w in workers:
             done = self._done[w]
-            if _poll(done, spin_until):
+            if poll(done, spin_until):
                 continue
             while not done.acquire(timeout=self._poll_s):
                 deadline = deadline or time.monotonic() + self.timeout - self._poll_s
@@ -321,10 +341,6 @@ class WorkerPool:
         return WorkerDiedError(w, proc.pid, proc.exitcode, during)
 
     # ----------------------------------------------------------------- closing
-    @property
-    def stopped(self) -> bool:
-        return not any(p is not None for p in self.procs)
-
     def stop(self) -> None:
         """Ask every live worker to close, wait up to 2 s, then kill what is left; idempotent."""
         procs = self.procs
@@ -344,109 +360,3 @@ class WorkerPool:
                 proc.kill()
                 proc.join(5.0)
             proc.close()
-
-
-def worker_error(w: int, report: dict) -> EnvWorkerError:
-    return EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
-
-
-def error_report(exc: BaseException, during: str) -> dict:
-    """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``."""
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
-            "during": during}
-
-
-class WorkerChannel:
-    """A worker's end of the pool: its pipe, its two semaphores and the shared command/status arrays."""
-
-    def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
-                 spin_s: float = 0.0, any_done=None):
-        self.index, self.conn, self.wake, self.done = index, conn, wake, done
-        self.command_tensor, self.status_tensor = command, status
-        self.spin_s, self.any_done = spin_s, any_done
-
-    def start(self) -> None:
-        """First thing in a worker: die with the main process; leave Ctrl-C to the main process (which
-        shuts the workers down); one thread (the cores are the workers')."""
-        _die_with_parent()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        torch.set_num_threads(1)
-
-    def receive(self):
-        """The next start-up message from the main process, or None when the pool is stopping or the main
-        process is gone (a forked worker holds a copy of the pipe's other end, so it would see no EOF)."""
-        command = self.command_tensor.numpy()
-        while not self.conn.poll(0.05):
-            if command[self.index] == CLOSE or not _main_process_alive():
-                return None
-        return self.conn.recv()
-
-    def fail_start(self, exc: BaseException, during: str = "construction") -> None:
-        """Report a start-up failure and exit the worker."""
-        self.conn.send(("error", error_report(exc, during)))
-        self.conn.close()
-        sys.exit(1)
-
-    def serve(self, handlers: dict[int, Callable[[], Any]], call_target: Any, names: dict[int, str]) -> None:
-        """The worker loop: wait on ``wake`` (polling it for ``spin_s`` after each command, then blocking), run
-        ``handlers[command]``, report, release ``done``; until
-        CLOSE or until the main process is gone. Exceptions are reported and the loop goes on."""
-        command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
-        spin_until = 0.0
-        while True:
-            if not _poll(self.wake, spin_until) and not self.wake.acquire(timeout=IDLE_POLL_S):
-                if not _main_process_alive():
-                    return
-                continue
-            code = int(command[index])
-            notify = bool(code & NOTIFY)
-            code &= ~NOTIFY
-            if code == CLOSE:
-                status[index] = OK
-                self.done.release()
-                return
-            try:
-                if code == CALL:
-                    method, args = self.conn.recv()
-                    self.conn.send(("result", getattr(call_target, method)(*args)))
-                else:
-                    handlers[code]()
-                status[index] = OK
-            except BaseException as exc:  # noqa: BLE001 - reported, and the loop goes on
-                status[index] = FAILED
-                self.conn.send(("error", error_report(exc, names.get(code, f"command {code}"))))
-            self.done.release()
-            if notify:
-                self.any_done.release()
-            spin_until = time.perf_counter() + self.spin_s
-
-
-def _poll(semaphore, until: float) -> bool:
-    """Try to acquire ``semaphore`` without blocking until ``time.perf_counter()`` passes ``until``
-    (yielding the core between tries); True once acquired."""
-    while True:
-        if semaphore.acquire(False):
-            return True
-        if time.perf_counter() >= until:
-            return False
-        os.sched_yield()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (the main process, or the forkserver, which
-    itself ends with the main process); the idle poll of :func:`_main_process_alive` is the fallback."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if not _main_process_alive():
-        os._exit(0)
-
-
-def _main_process_alive() -> bool:
-    parent = multiprocessing.parent_process()
-    return parent is None or parent.is_alive()

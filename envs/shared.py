@@ -87,6 +87,11 @@ class BufferViews:
         self.action_np = numpy_tree(self.action)
 
 
+def key_tuple(key) -> tuple:
+    """A TensorDict key as a tuple: ``"obs"`` -> ``("obs",)``; a tuple stays as it is."""
+    return key if isinstance(key, tuple) else (key,)
+
+
 def numpy_view(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor; dtypes numpy lacks (bfloat16, ...) are viewed as same-size ints."""
     try:
@@ -102,5 +107,5 @@ def numpy_tree(td: TensorDictBase) -> dict:
     """A nested dict of numpy arrays that share memory with the TensorDict's CPU leaves."""
     tree = {}
     for key, value in td.items():
-        tree[key] = numpy_tree(value) if isinstance(value, TensorDictBase) else value.numpy()
+        tree[key] = numpy_tree(value) if isinstance(value, TensorDictBase) else numpy_view(value)
     return tree

@@ -30,6 +30,8 @@ from torchrl.data import (
     Unbounded,
 )
 
+from .errors import SpecMismatchError
+
 DONE_KEYS = ("done", "terminated", "truncated")
 
 
@@ -106,6 +108,18 @@ def spec_differences(reference: Composite, other: Composite) -> list[str]:
     return sorted(diffs)
 
 
+def check_same_specs(specs: dict, advice: str) -> None:
+    """Raise :class:`~tdcollect.envs.errors.SpecMismatchError` when the specs in ``specs`` (``{label: specs}``,
+    each an object with ``as_composite()``) are not all equal to the first one's, naming the keys that
+    differ: "``<label>`` has other specs than ``<first label>``: ... . ``<advice>``"."""
+    (first, reference), *rest = specs.items()
+    reference = reference.as_composite()
+    for label, other in rest:
+        diffs = spec_differences(reference, other.as_composite())
+        if diffs:
+            raise SpecMismatchError(f"{label} has other specs than {first}: {'; '.join(diffs)}. {advice}")
+
+
 def _key_name(key) -> str:
     return ".".join(key) if isinstance(key, tuple) else str(key)
 
@@ -121,7 +135,7 @@ _NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.
 def value_checker(spec: TensorSpec):
     """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
     caller's to check)? ``Categorical`` (integers) and ``Bounded`` specs are checked with numpy reductions on
-    the CPU (a few µs); any other spec, or a value on another device, goes through ``spec.is_in``."""
+    the CPU; any other spec, or a value on another device, goes through ``spec.is_in``."""
     if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
         n = int(spec.space.n)
 

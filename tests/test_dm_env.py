@@ -118,7 +118,7 @@ def test_seeding_a_plain_dm_env_warns():
 
 
 def test_envs_does_not_need_dmlab2d(monkeypatch):
-    import tdcollect.envs
+    from tdcollect import envs
 
     monkeypatch.setitem(sys.modules, "dmlab2d", None)  # as if it were not installed
     monkeypatch.delitem(sys.modules, "tdcollect.envs.dmlab2d", raising=False)

@@ -1,0 +1,53 @@
+"""The MultiSyncCollector worker process: its env, its policy copy and a :class:`BatchLoop` filling its
+storage in shared memory. Its messages and commands are part of the worker protocol
+(``tdcollect/envs/protocol.py``): hello ``n_envs``, setup ``T``, ready its storage ``[n_envs, T]``;
+``COLLECT`` / ``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches the loop."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
+
+from .env_setup import build_worker
+from .loop import BatchLoop
+
+
+def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weights, versions, config) -> None:
+    """Builds its env and policy copy (bound to the shared ``weights`` when it runs on the CPU, else pulling
+    them at each batch); records in ``versions[w]`` the weights version each batch was collected with."""
+    channel.start()
+    env = None
+    try:
+        env, policy, module = build_worker(factory, policy_payload, config["policy_device"], "MultiSyncCollector")
+        on_cpu = config["policy_device"] is None or torch.device(config["policy_device"]).type == "cpu"
+        if weights is not None and on_cpu:
+            weights.bind(module)
+        local_params = TensorDict.from_module(module).data if weights is not None and not on_cpu else None
+    except BaseException as exc:  # noqa: BLE001 - reported to the main process
+        if env is not None:
+            env.close()
+        channel.fail_start(exc)
+    try:
+        steps = channel.hello(env.batch_size.numel())
+        if steps is None:
+            return
+        loop = BatchLoop(env, policy, steps, shared=True, reset_at_each_iter=config["reset_at_each_iter"],
+                         max_frames_per_traj=config["max_frames_per_traj"], inference_mode=True)
+        seen = -1
+
+        def collect(random: bool) -> None:
+            nonlocal seen
+            if local_params is not None:
+                seen = weights.pull(local_params, seen)
+            elif weights is not None:
+                seen = int(weights.version)
+            versions[channel.index] = seen
+            loop.collect(random)
+
+        if channel.ready(loop.storage):
+            channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)}, loop)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process went away
+    finally:
+        env.close()

@@ -1,0 +1,247 @@
+"""The worker protocol: every command, status code and message between the main process and a worker,
+the start-up handshake, the worker's serving loop, and the ParallelEnv worker itself.
+
+Two kinds of workers speak it: ParallelEnv workers (:func:`run_env_worker`, below) and MultiSyncCollector
+workers (``collectors/worker.py``). The main side is :class:`~tdcollect.envs.pool.WorkerPool`.
+
+Channels
+========
+Per worker ``w``: a pipe; two semaphores, ``wake[w]`` (main -> worker) and ``done[w]`` (worker -> main);
+one semaphore shared by all workers, ``any_done``; and two shared int32 arrays of ``num_workers`` entries,
+``command`` and ``status``. A step costs two semaphore operations and no pickling: the pipe carries only
+start-up messages, rare calls and error reports, never per-step data.
+
+Start-up handshake (the same for a first start and for a restart)
+=================================================================
+::
+
+    worker                                                 main process (WorkerPool)
+    builds what it owns (envs / env + policy copy)
+      -> ("hello", pickle.dumps(info))                     info, by value (plain pickle: spec tensors
+         or ("error", report), then exits 1                 must not land in shared memory)
+                                                           setup = handshake.setup({w: info, ...})
+      <- ("setup", payload)                                payload: the shared buffers to bind to
+      binds to the payload
+      -> ("ready", reply)                                  handshake.ready({w: reply, ...})
+
+===========================  =============================================  ===============================
+worker                       info / payload / reply                         shared buffers
+===========================  =============================================  ===============================
+ParallelEnv (this module)    EnvSpecs of its envs / ``(buffers,             ``buffers`` [num_envs] (see
+                             reset_mask)`` / its pid                        ``shared.py``; worker ``w`` uses
+                                                                            rows ``first:first+k``);
+                                                                            ``reset_mask`` bool [num_envs]
+MultiSyncCollector           ``n_envs`` of its env / ``T`` (steps per       its storage [n_envs, T],
+(``collectors/worker.py``)   batch) / its storage, made in shared memory    TorchRL rollout keys, time last
+===========================  =============================================  ===============================
+
+A worker whose main process goes away during the handshake (EOF on the pipe, or ``CLOSE``) leaves quietly.
+A worker that imports an unguarded main module (spawn / forkserver) exits with :data:`MISSING_GUARD_EXIT`
+before anything else; the main process explains it once.
+
+Commands (``command[w] = code``, then ``wake[w]`` released)
+===========================================================
+==================  ===========================================================================
+``STEP``            ParallelEnv: step its ``k`` envs with their rows of ``buffers["action"]``;
+                    auto-reset the ones that ended; write their rows of ``buffers["next"]`` and
+                    ``buffers["root"]``
+``RESET``           ParallelEnv: reset its envs whose ``reset_mask`` row is True (seeded if a seed
+                    is pending)
+``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
+``COLLECT_RANDOM``  MultiSyncCollector: the same with random actions from the action spec
+``CALL``            then on the pipe ``(method, args)``; runs ``call_target.<method>(*args)``;
+                    answers ``("result", value)``
+``CLOSE``           leave the loop, close what it owns, exit 0
+``code | NOTIFY``   as ``code``, and also release ``any_done`` when finished (asynchronous stepping)
+==================  ===========================================================================
+
+After each command the worker writes ``status[w]`` — ``OK``, or ``FAILED`` with ``("error", report)`` on
+the pipe (see :func:`error_report`) — and releases ``done[w]``; then it waits for the next one. Exceptions
+raised by a command are reported and the loop goes on.
+
+Waiting: bounded spin, then block. Both sides poll their semaphore (``acquire(False)``, no system call) for
+``spin_s`` seconds before they block on it; an idle worker wakes every :data:`IDLE_POLL_S` to exit if the
+main process is gone (on Linux it is killed with it anyway).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from .errors import EnvWorkerError
+
+# command codes
+STEP, RESET, COLLECT, COLLECT_RANDOM = 1, 2, 3, 4
+CALL, CLOSE = 100, 101
+NOTIFY = 0x100
+# status codes
+OK, FAILED = 0, 1
+# what each command is called in error messages ("worker 2 raised ... during <name>")
+COMMAND_NAMES = {
+    STEP: "step", RESET: "reset", COLLECT: "collection", COLLECT_RANDOM: "collection (random actions)",
+    CALL: "a call", CLOSE: "close",
+}
+IDLE_POLL_S = 1.0
+MISSING_GUARD_EXIT = 78
+
+
+def command_name(code: int) -> str:
+    return COMMAND_NAMES.get(code & ~NOTIFY, f"command {code}")
+
+
+def error_report(exc: BaseException, during: str) -> dict:
+    """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``."""
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
+            "during": during}
+
+
+def worker_error(w: int, report: dict) -> EnvWorkerError:
+    """The main process' exception for worker ``w``'s error report."""
+    return EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
+
+
+class WorkerChannel:
+    """A worker's end of the protocol: its pipe, its semaphores and the shared command/status arrays."""
+
+    def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
+                 spin_s: float = 0.0, any_done=None):
+        self.index, self.conn, self.wake, self.done = index, conn, wake, done
+        self.command_tensor, self.status_tensor = command, status
+        self.spin_s, self.any_done = spin_s, any_done
+
+    def start(self) -> None:
+        """First thing in a worker: die with the main process; leave Ctrl-C to the main process (which
+        shuts the workers down); one thread (the cores are the workers')."""
+        _die_with_parent()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        torch.set_num_threads(1)
+
+    def fail_start(self, exc: BaseException) -> None:
+        """Report a failure to build what the worker owns, and exit the worker."""
+        self.conn.send(("error", error_report(exc, "construction")))
+        self.conn.close()
+        sys.exit(1)
+
+    def hello(self, info: Any):
+        """Send ``info`` and return the main process' setup payload, or None when the main process is
+        stopping or gone (then the worker leaves)."""
+        try:
+            self.conn.send(("hello", pickle.dumps(info)))
+            message = self._receive()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            return None
+        if message is None or message[0] != "setup":
+            return None
+        return message[1]
+
+    def ready(self, reply: Any) -> bool:
+        """Tell the main process this worker is bound and serving; False when it is gone."""
+        try:
+            self.conn.send(("ready", reply))
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
+
+    def _receive(self):
+        # a forked worker holds a copy of the pipe's other end, so it would see no EOF: poll for CLOSE too
+        command = self.command_tensor.numpy()
+        while not self.conn.poll(0.05):
+            if command[self.index] == CLOSE or not _main_process_alive():
+                return None
+        return self.conn.recv()
+
+    def serve(self, handlers: dict[int, Callable[[], Any]], call_target: Any) -> None:
+        """The serving loop (see the module docstring), until ``CLOSE`` or until the main process is gone."""
+        command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
+        spin_until = 0.0
+        while True:
+            if not poll(self.wake, spin_until) and not self.wake.acquire(timeout=IDLE_POLL_S):
+                if not _main_process_alive():
+                    return
+                continue
+            code = int(command[index])
+            notify = bool(code & NOTIFY)
+            code &= ~NOTIFY
+            if code == CLOSE:
+                status[index] = OK
+                self.done.release()
+                return
+            try:
+                if code == CALL:
+                    method, args = self.conn.recv()
+                    self.conn.send(("result", getattr(call_target, method)(*args)))
+                else:
+                    handlers[code]()
+                status[index] = OK
+            except BaseException as exc:  # noqa: BLE001 - reported, and the loop goes on
+                status[index] = FAILED
+                self.conn.send(("error", error_report(exc, command_name(code))))
+            self.done.release()
+            if notify:
+                self.any_done.release()
+            spin_until = time.perf_counter() + self.spin_s
+
+
+def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int) -> None:
+    """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor)
+    here, in this process, then serves ``STEP``, ``RESET`` and ``CALL`` (to its :class:`EnvGroup`)."""
+    from .group import EnvGroup
+
+    channel.start()
+    try:
+        group = EnvGroup([factory] * envs_per_worker, owner="ParallelEnv", first_index=first_env)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the main process
+        channel.fail_start(exc)
+    try:
+        setup = channel.hello(group.specs)
+        if setup is None:
+            return
+        buffers, reset_mask = setup
+        rows = slice(first_env, first_env + envs_per_worker)
+        group.bind(buffers[rows])
+        mask = reset_mask[rows].numpy()
+        if channel.ready(os.getpid()):
+            channel.serve({STEP: group.step, RESET: lambda: group.reset(mask)}, group)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process went away
+    finally:
+        group.close()
+
+
+def poll(semaphore, until: float) -> bool:
+    """Try to acquire ``semaphore`` without blocking until ``time.perf_counter()`` passes ``until``
+    (yielding the core between tries); True once acquired."""
+    while True:
+        if semaphore.acquire(False):
+            return True
+        if time.perf_counter() >= until:
+            return False
+        os.sched_yield()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (the main process, or the forkserver, which
+    itself ends with the main process); the idle poll of :func:`_main_process_alive` is the fallback."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if not _main_process_alive():
+        os._exit(0)
+
+
+def _main_process_alive() -> bool:
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()

@@ -1,0 +1,67 @@
+"""StepRecorder: the one engine that copies a batched env's step buffers into ``[num_envs, T]`` storage
+(time last, TorchRL's rollout layout). Used by the lean rollout and by the collectors' loop."""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+
+from .shared import key_tuple, numpy_view
+
+LARGE_BYTES = 16384  # leaves of at least this many bytes per step are copied by torch, smaller ones by numpy
+
+
+class StepRecorder:
+    """Copies between the buffers of ``env`` (a ``BatchedEnv``) and column ``t`` of ``storage``.
+
+    ``storage`` (batch ``[num_envs, T]``) must hold the env's root keys (observation keys, done flags),
+    its action keys and ``"next"`` with its next keys (observation keys, reward, done flags).
+    """
+
+    def __init__(self, env, storage: TensorDictBase):
+        root, next_ = env.root_buffer, env.next_buffer
+        self.root_keys = list(root.keys(True, True))
+        self.next_keys = list(next_.keys(True, True))
+        self.action_keys = [key for key, _ in env.action_buffers]
+        self._root = _ColumnCopy([(storage.get(k), root.get(k)) for k in self.root_keys])
+        self._next = _ColumnCopy([(storage.get(("next", *key_tuple(k))), next_.get(k)) for k in self.next_keys])
+        self._actions = _ColumnCopy([(storage.get(k), buffer) for k, buffer in env.action_buffers])
+
+    def record_root(self, t: int) -> None:
+        """Root buffer -> ``storage[:, t]`` (the state the step's action is taken in)."""
+        self._root.to_storage(t)
+
+    def record_next(self, t: int) -> None:
+        """Next buffer -> ``storage["next"][:, t]`` (what the step returned)."""
+        self._next.to_storage(t)
+
+    def record_actions(self, t: int) -> None:
+        """Action buffers -> ``storage[:, t]``."""
+        self._actions.to_storage(t)
+
+    def load_actions(self, t: int) -> None:
+        """``storage[:, t]`` -> action buffers (actions drawn or written into the storage beforehand)."""
+        self._actions.from_storage(t)
+
+
+class _ColumnCopy:
+    """``(storage leaf [n, T, ...], buffer leaf [n, ...])`` pairs. Small leaves go through numpy views made
+    once (a numpy slice costs a fraction of a torch view), large ones through torch (faster on big blocks)."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+        def large(buffer):
+            return buffer.numel() * buffer.element_size() >= LARGE_BYTES
+
+        self.small = [(numpy_view(dst), numpy_view(src)) for dst, src in pairs if not large(src)]
+        self.large = [(dst, src) for dst, src in pairs if large(src)]
+
+    def to_storage(self, t: int) -> None:
+        for dst, src in self.small:
+            dst[:, t] = src
+        for dst, src in self.large:
+            dst.select(1, t).copy_(src)
+
+    def from_storage(self, t: int) -> None:
+        for dst, src in self.small:
+            src[...] = dst[:, t]
+        for dst, src in self.large:
+            src.copy_(dst.select(1, t))
