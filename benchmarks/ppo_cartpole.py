@@ -17,7 +17,7 @@ from collections import deque
 
 import gymnasium as gym
 import torch
-from tensordict.nn import InteractionType, TensorDictModule
+from tensordict.nn import TensorDictModule
 from torch import nn
 
 from tdcollect.collectors import MultiSyncCollector
@@ -56,8 +56,7 @@ def solve_time_ours(seed: int) -> dict:
     torch.set_num_threads(1)
     actor = ProbabilisticActor(
         TensorDictModule(_mlp(2, 0.01), in_keys=["observation"], out_keys=["logits"]), in_keys=["logits"],
-        distribution_class=torch.distributions.Categorical, return_log_prob=True,
-        default_interaction_type=InteractionType.RANDOM)
+        distribution_class=torch.distributions.Categorical, return_log_prob=True)  # the collector samples it
     critic = ValueOperator(_mlp(1, 1.0), in_keys=["observation"])
     advantage = GAE(gamma=s["gamma"], lmbda=s["lmbda"], value_network=critic)
     loss_module = ClipPPOLoss(actor, critic, clip_epsilon=s["clip"], entropy_bonus=False,

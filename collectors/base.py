@@ -7,6 +7,7 @@ may keep), ``update_policy_weights_`` and ``_shutdown``. The multi-process colle
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import cloudpickle
@@ -38,6 +39,7 @@ class CollectorBase:
         self.episode_stats: dict = {}
         self._tracker: TrajectoryTracker | None = None
         self._closed = False
+        self._in_use = threading.Lock()
 
     @staticmethod
     def steps_per_batch(frames_per_batch: int, n_envs: int, owner: str) -> int:
@@ -50,11 +52,20 @@ class CollectorBase:
         return frames_per_batch // n_envs
 
     def __iter__(self):
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is shut down (by shutdown(), or after a worker failure "
+                               "it could not recover from); create a new one.")
         bar = self._make_bar()
         try:
             while self.total_frames == -1 or self.frames < self.total_frames:
                 start = time.perf_counter()
-                batch = self._collect(self.frames < self.init_random_frames)
+                if not self._in_use.acquire(blocking=False):
+                    raise RuntimeError(f"two threads iterate this {type(self).__name__} at once; their batches "
+                                       "would interleave. Iterate a collector from one thread.")
+                try:
+                    batch = self._collect(self.frames < self.init_random_frames)
+                finally:
+                    self._in_use.release()
                 if self._tracker is None:
                     self._tracker = TrajectoryTracker(batch.batch_size[0])
                 self.episode_stats = self._tracker.annotate(batch)
@@ -158,3 +169,15 @@ def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str
             raise SpecMismatchError(
                 f"{owner}: {unit} {w}'s batches differ from {unit} {first}'s ((dtype, shape per step) in "
                 f"{unit} {first} vs {unit} {w}: {differ}); all {unit}s' envs must share their specs.")
+
+
+def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
+                 check_actions: bool) -> dict:
+    """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
+    from torchrl.envs.utils import ExplorationType
+
+    if not isinstance(exploration_type, ExplorationType):
+        raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
+                         f", got {exploration_type!r}.")
+    return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
+            "exploration_type": exploration_type, "check_actions": bool(check_actions)}

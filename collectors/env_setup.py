@@ -22,7 +22,7 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
         env, owned = env(), True
     if isinstance(env, gym.Env) or (isinstance(env, EnvBase) and env.batch_size == ()):
         instance = env
-        env, owned = SerialEnv(1, lambda: instance), True
+        env, owned = SerialEnv(1, lambda: instance, owner=owner), True
     if not isinstance(env, EnvBase):
         raise TypeError(
             f"{owner}: the env factory returned {type(env).__name__}; return a gymnasium env or a TorchRL env."

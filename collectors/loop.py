@@ -20,23 +20,36 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdcollect.envs.batched import BatchedEnv
 from tdcollect.envs.recorder import StepRecorder
 
 from .policies import DirectModule
 
+DEFAULT_EXPLORATION_TYPE = ExplorationType.RANDOM
+
 
 class BatchLoop:
-    def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False,
+    """``collect()`` fills ``storage`` with the next ``steps`` steps of ``env`` (see the module docstring).
+
+    Options (as in TorchRL): ``reset_at_each_iter``, ``max_frames_per_traj``, ``exploration_type`` (the
+    interaction type the policy runs under, default ``ExplorationType.RANDOM``: stochastic actors sample);
+    ``check_actions`` (default True): every step's actions are checked against the action spec (shape,
+    dtype, values in bounds, floats finite) before they reach the envs, else only the first step's.
+    """
+
+    def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False, inference_mode: bool = False,
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
-                 inference_mode: bool = False):
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
         if len(env.batch_size) != 1:
             raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}.")
         self.env, self.policy, self.steps = env, policy, steps
         self.n_envs = env.batch_size[0]
         self.reset_at_each_iter = reset_at_each_iter
         self.max_frames_per_traj = max_frames_per_traj
+        self.exploration_type = exploration_type
+        self.check_actions = check_actions
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
         self.traj_steps = np.zeros(self.n_envs, dtype=np.int64)
         self.lean = isinstance(env, BatchedEnv)
@@ -56,7 +69,7 @@ class BatchLoop:
     def _template(self) -> TensorDictBase:
         """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
         fake = self.env.fake_tensordict()
-        with torch.no_grad():
+        with torch.no_grad(), set_exploration_type(self.exploration_type):
             probe = self.policy(self.root.clone())
         extra = set(probe.keys(True, True)) - set(fake.keys(True, True))
         if extra:
@@ -89,7 +102,7 @@ class BatchLoop:
     # ----------------------------------------------------------------- one batch
     def collect(self, random: bool = False) -> TensorDictBase:
         """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
-        with self.grad_mode():
+        with self.grad_mode(), set_exploration_type(self.exploration_type):
             if self.reset_at_each_iter and not self._first:
                 self.root = self.env.reset()
                 self.traj_steps[:] = 0
@@ -110,8 +123,8 @@ class BatchLoop:
         else:
             out = self.policy(self.policy_in.clone(recurse=False))  # the root buffer's leaves, in a new TD
         actions = [out.get(key) for key in self.action_keys]
-        if self._first and t == 0:
-            env.write_actions(out)  # checked once: shape, dtype, values
+        if (self.check_actions and not random) or (self._first and t == 0):
+            env.write_actions(out, check=True)  # shape, dtype, values
         else:
             torch._foreach_copy_(self.action_buffers, actions)
         self.recorder.record_root(t)

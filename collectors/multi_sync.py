@@ -10,11 +10,14 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
+from torchrl.envs.utils import ExplorationType
+
 from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 
-from .base import CollectorBase, check_same_entries, prepare_workers
+from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
+from .loop import DEFAULT_EXPLORATION_TYPE
 from .weights import SharedWeights
 from .worker import run_collector_worker
 
@@ -58,7 +61,9 @@ class MultiSyncCollector(CollectorBase):
         policy: as for :class:`~tdcollect.collectors.Collector`; each worker gets a copy whose weights live in shared
             memory (see :meth:`update_policy_weights_`).
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
-        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar: as in TorchRL.
+        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type: as in
+        TorchRL (``exploration_type`` default ``ExplorationType.RANDOM``, applied in every worker).
+        check_actions: as for :class:`~tdcollect.collectors.Collector`.
         mp_start_method, timeout: as for :class:`~tdcollect.envs.ParallelEnv`.
         max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
             (opt-in; default 0). The replacement collects that worker's part of the batch again, its envs
@@ -71,7 +76,8 @@ class MultiSyncCollector(CollectorBase):
                  policy_device=None, storing_device=None, split_trajs: bool = False,
                  reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
-                 mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0):
+                 mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
         exit_if_bootstrapping()
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
@@ -83,8 +89,8 @@ class MultiSyncCollector(CollectorBase):
         self.max_restarts = int(max_restarts)
         self._weights = SharedWeights(module) if module is not None else None
         self._versions_tensor = torch.full((num_workers,), -1, dtype=torch.int64).share_memory_()
-        config = {"policy_device": policy_device or device, "reset_at_each_iter": reset_at_each_iter,
-                  "max_frames_per_traj": max_frames_per_traj}
+        config = {"policy_device": policy_device or device, "loop": loop_options(
+            reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions)}
         self._handshake = StorageHandshake(frames_per_batch)
         self._pool = WorkerPool(
             run_collector_worker,

@@ -35,6 +35,7 @@ import warnings
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torchrl.envs.utils import ExplorationType
 
 try:
     import ray
@@ -48,9 +49,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess that 
 from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from tdcollect.envs.protocol import error_report, worker_error
 
-from .base import CollectorBase, check_same_entries, prepare_workers
+from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
 from .env_setup import build_worker
-from .loop import BatchLoop
+from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
 from .weights import policy_weights_of
 
 OWNER = "RayCollector"
@@ -114,8 +115,7 @@ class RayCollectorWorker:
     def _loop(self, steps: int) -> BatchLoop:
         if self.loop is None:
             config = self.config
-            self.loop = BatchLoop(self.env, self.policy, steps, reset_at_each_iter=config["reset_at_each_iter"],
-                                  max_frames_per_traj=config["max_frames_per_traj"], inference_mode=True)
+            self.loop = BatchLoop(self.env, self.policy, steps, inference_mode=True, **config["loop"])
         elif self.loop.steps != steps:
             raise ValueError(f"{OWNER}: this actor collects batches of {self.loop.steps} steps, not {steps}.")
         return self.loop
@@ -156,7 +156,7 @@ class RayCollector(CollectorBase):
         policy: as for :class:`~tdcollect.collectors.Collector`; each actor gets its own copy, updated by
             :meth:`update_policy_weights_`.
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
-        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar: as for
+        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type, check_actions: as for
             :class:`~tdcollect.collectors.MultiSyncCollector` (``policy_device`` is the device inside each actor).
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialized in this process yet, e.g.
             ``{"address": "auto"}`` to join a running cluster; by default a local cluster is started
@@ -180,7 +180,8 @@ class RayCollector(CollectorBase):
                  reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  ray_init_kwargs: dict | None = None, num_cpus: float = 1, num_gpus: float = 0,
-                 max_restarts: int = 3, timeout: float = 300.0):
+                 max_restarts: int = 3, timeout: float = 300.0,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
         self._actors: list = []
         self._started_ray = False
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
@@ -197,8 +198,8 @@ class RayCollector(CollectorBase):
         self._weights_ref, self._version = None, 0
         self._restarts = [0] * num_workers
         self._versions = [-1] * num_workers
-        config = {"policy_device": policy_device, "reset_at_each_iter": reset_at_each_iter,
-                  "max_frames_per_traj": max_frames_per_traj, "threads": max(1, int(num_cpus))}
+        config = {"policy_device": policy_device, "threads": max(1, int(num_cpus)), "loop": loop_options(
+            reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions)}
         self._start_ray(ray_init_kwargs)
         try:
             self._warn_if_too_big()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from .base import CollectorBase, check_env_device
+from torchrl.envs.utils import ExplorationType
+
+from .base import CollectorBase, check_env_device, loop_options
 from .env_setup import make_batched_env
-from .loop import BatchLoop
+from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
 from .policies import make_policy
 from .weights import policy_weights_of
 
@@ -26,6 +28,10 @@ class Collector(CollectorBase):
         policy_device: where the policy runs (inputs go there through pinned memory, actions come back).
         storing_device: where yielded batches live.
         split_trajs, reset_at_each_iter, init_random_frames, max_frames_per_traj: as in TorchRL.
+        exploration_type: the interaction type the policy runs under, as in TorchRL (default
+            ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
+        check_actions: check every step's actions against the action spec (shape, dtype, bounds, NaN/inf)
+            before they reach the envs (default True); False checks the first step only.
         progress_bar: show a tqdm bar with frames/s.
     After each batch, ``episode_stats`` holds ``returns`` and ``lengths`` of the episodes that ended in it.
     """
@@ -33,7 +39,8 @@ class Collector(CollectorBase):
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
                  device=None, env_device=None, policy_device=None, storing_device=None,
                  split_trajs: bool = False, reset_at_each_iter: bool = False, init_random_frames: int = 0,
-                 max_frames_per_traj: int | None = None, progress_bar: bool = False):
+                 max_frames_per_traj: int | None = None, progress_bar: bool = False,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar)
@@ -42,8 +49,8 @@ class Collector(CollectorBase):
         try:
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
             self.policy = make_policy(policy, self.env.full_action_spec, policy_device or device)
-            self._loop = BatchLoop(self.env, self.policy, steps, reset_at_each_iter=reset_at_each_iter,
-                                   max_frames_per_traj=max_frames_per_traj)
+            self._loop = BatchLoop(self.env, self.policy, steps, **loop_options(
+                reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions))
         except BaseException:
             self._shutdown()
             raise

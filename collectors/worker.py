@@ -32,8 +32,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
         steps = channel.hello(env.batch_size.numel())
         if steps is None:
             return
-        loop = BatchLoop(env, policy, steps, shared=True, reset_at_each_iter=config["reset_at_each_iter"],
-                         max_frames_per_traj=config["max_frames_per_traj"], inference_mode=True)
+        loop = BatchLoop(env, policy, steps, shared=True, inference_mode=True, **config["loop"])
         seen = -1
 
         def collect(random: bool) -> None:

@@ -15,7 +15,9 @@ covers those envs returns the same observation without resetting them twice.
 """
 from __future__ import annotations
 
+import functools
 import gc
+import threading
 import weakref
 
 import numpy as np
@@ -28,11 +30,34 @@ from .shared import EnvSpecs, key_tuple
 from .specs import value_checker
 
 
+def _one_thread(method):
+    """Refuse a call while another thread is inside a guarded method of the same env: a batched env steps
+    one batch at a time, and two threads would mix their data silently. (Reentrant within one thread.)"""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        lock = self._in_use
+        if not lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"{self.owner}.{method.__name__}() was called while another thread is stepping or resetting this "
+                "env; a batched env steps one batch at a time. Give each thread its own env, or serialize the "
+                "calls with a lock."
+            )
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            lock.release()
+
+    return guarded
+
+
 class BatchedEnv(EnvBase):
     """``num_envs`` envs with one set of specs, batch size ``[num_envs]`` (see the module docstring)."""
 
-    def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool = True):
+    def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool = True,
+                 owner: str | None = None):
+        self._in_use = threading.RLock()
         super().__init__(batch_size=torch.Size([num_envs]), device=torch.device("cpu"))
+        self.owner = owner or type(self).__name__  # who this env is to the user, in error messages
         self.num_envs = num_envs
         self.full_observation_spec = specs.observation.expand(num_envs)
         self.full_action_spec = specs.action.expand(num_envs)
@@ -90,6 +115,7 @@ class BatchedEnv(EnvBase):
         """bool ``[num_envs]``: which envs ended in the last step (a view of ``next_buffer["done"]``)."""
         return self._next_done
 
+    @_one_thread
     def step_buffers(self) -> None:
         """Step every env with the actions in :attr:`action_buffers`; the results are in
         :attr:`next_buffer` and :attr:`root_buffer` (where an env ended, it was reset, and a later
@@ -108,6 +134,7 @@ class BatchedEnv(EnvBase):
         self._pending_reset[:] = False
 
     # ----------------------------------------------------------------- EnvBase API
+    @_one_thread
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         self._ensure_open()
         mask = None
@@ -129,6 +156,7 @@ class BatchedEnv(EnvBase):
         self.step_in_place(tensordict)
         return self._next.clone()
 
+    @_one_thread
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Step, then reset the envs that ended (TorchRL semantics).
 
@@ -147,12 +175,14 @@ class BatchedEnv(EnvBase):
         next_root.update(self._root.clone())
         return tensordict, next_root
 
+    @_one_thread
     def step_in_place(self, tensordict: TensorDictBase) -> None:
         """The lean step: copy the actions in (checked), step every env, leave the results in the buffers."""
         self._ensure_open()
         self.write_actions(tensordict)
         self.step_buffers()
 
+    @_one_thread
     def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
         """Copy the action entries of ``tensordict`` into the action buffer, after checking them.
 
@@ -176,29 +206,33 @@ class BatchedEnv(EnvBase):
             value = tensordict.get(key, None)
             if value is None:
                 raise KeyError(
-                    f"the input tensordict has no {key!r} entry; {type(self).__name__} expects one of "
+                    f"the input tensordict has no {key!r} entry; {self.owner} expects one of "
                     f"shape {expected} and dtype {buffer.dtype}."
                 )
             if tuple(value.shape) != expected or value.dtype != buffer.dtype:
                 raise ValueError(
                     f"{key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, but "
-                    f"{type(self).__name__} expects shape {expected} ({n} envs x "
+                    f"{self.owner} expects shape {expected} ({n} envs x "
                     f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: "
                     f"{type(spec).__name__}."
                 )
             if check and not value_checks[key](value):
                 raise ValueError(
-                    f"{key!r} holds values outside its spec ({_bounds(spec)}); nothing was sent to the envs."
+                    f"{key!r} holds values outside its spec ({_bounds(spec)}"
+                    f"{', NaN and infinities excluded' if value.dtype.is_floating_point else ''}); nothing was "
+                    "sent to the envs. A policy that diverged, or actions on another scale than the spec's?"
                 )
             values.append(value)
         return values
 
+    @_one_thread
     def _set_seed(self, seed: int | None) -> None:
         """Env ``i`` is seeded with ``seed + i`` at its next reset."""
         self._ensure_open()
         if seed is not None:
             self._run_set_seeds([int(seed) + i for i in range(self.num_envs)])
 
+    @_one_thread
     def rollout(self, max_steps: int, policy=None, callback=None, *, auto_reset: bool = True,
                 break_when_any_done: bool | None = None, break_when_all_done: bool | None = None,
                 tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:

@@ -12,12 +12,16 @@ core of their own; with fewer cores spinning would slow the workers down.
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import sys
+import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -47,6 +51,21 @@ creates envs must sit under a main guard:
         ...
 
 Or pass mp_start_method="fork" (Linux, the default there), which does not re-run the script."""
+
+
+_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop_live_pools() -> None:
+    """At interpreter exit, stop every pool still running — before multiprocessing joins its non-daemon
+    children, which wait for this process to end: without this, a script that never closed its env or
+    collector (a plain loop, an exception, Ctrl-C) could not exit."""
+    for pool in list(_LIVE_POOLS):
+        pool.stop()
+
+
+# registered after multiprocessing.util's exit hook (imported above), so it runs before it (atexit is LIFO)
+atexit.register(_stop_live_pools)
 
 
 def default_start_method() -> str:
@@ -126,6 +145,8 @@ class WorkerPool:
         self._last_liveness_check = 0.0
         self.procs, self.conns = [None] * num_workers, [None] * num_workers
         self.restarts = [0] * num_workers
+        self.closed = False
+        _LIVE_POOLS.add(self)
         try:
             for w in range(num_workers):
                 self._spawn(w)
@@ -138,8 +159,11 @@ class WorkerPool:
         context = self._context
         self._wake[w], self._done[w] = context.Semaphore(0), context.Semaphore(0)
         parent_conn, child_conn = context.Pipe()
-        channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w],
-                                self._command_tensor, self._status_tensor, self.spin_s, self._any_done)
+        # PR_SET_PDEATHSIG fires when the creating *thread* exits: only ask for it from the main thread (or
+        # through the forkserver, the workers' single-threaded parent); otherwise the idle poll notices
+        die_with_parent = self.start_method == "forkserver" or threading.current_thread() is threading.main_thread()
+        channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w], self._command_tensor,
+                                self._status_tensor, self.spin_s, self._any_done, die_with_parent)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
                                name=f"{self.owner}-worker-{w}", daemon=False)
         self.procs[w], self.conns[w] = proc, parent_conn
@@ -231,6 +255,7 @@ class WorkerPool:
     # ----------------------------------------------------------------- commands
     def run(self, code: int, workers=None) -> None:
         """Send ``code`` to ``workers`` (default: all) and wait until each has finished it."""
+        self.check_open()
         workers = range(self.num_workers) if workers is None else workers
         self._command[:] = code
         for w in workers:
@@ -239,6 +264,7 @@ class WorkerPool:
 
     def start(self, code: int, workers) -> None:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
+        self.check_open()
         for w in workers:
             self._command[w] = code | NOTIFY
             self._wake[w].release()
@@ -260,8 +286,9 @@ class WorkerPool:
     def _wait_any(self, n: int, pending: list, finished: list, during: str) -> None:
         deadline = time.monotonic() + self.timeout
         spin_until = time.perf_counter() + self.spin_s
+        any_done, dones = self._any_done, self._done  # kept: stop() from another thread replaces them
         while len(finished) < n:
-            acquired = poll(self._any_done, spin_until) or self._any_done.acquire(timeout=self._poll_s)
+            acquired = poll(any_done, spin_until) or any_done.acquire(timeout=self._poll_s)
             # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
             if not acquired or time.monotonic() - self._last_liveness_check > self._poll_s:
                 self._last_liveness_check = time.monotonic()
@@ -271,7 +298,7 @@ class WorkerPool:
             if not acquired:
                 continue
             for w in pending:
-                if self._done[w].acquire(False):
+                if dones[w].acquire(False):
                     pending.remove(w)
                     finished.append(w)
                     break
@@ -288,6 +315,7 @@ class WorkerPool:
 
     def call(self, method: str, args_per_worker: list[tuple]) -> list:
         """Run ``method(*args)`` on each worker's call target; return the results in worker order."""
+        self.check_open()
         self._command[:] = CALL
         for w, args in enumerate(args_per_worker):
             self._wake[w].release()
@@ -302,9 +330,10 @@ class WorkerPool:
         during = command_name(code)
         deadline = None
         failures = {}
+        dones = self._done  # stop() from another thread replaces the list; the liveness check then raises
         spin_until = time.perf_counter() + self.spin_s
         for w in workers:
-            done = self._done[w]
+            done = dones[w]
             if poll(done, spin_until):
                 continue
             while not done.acquire(timeout=self._poll_s):
@@ -326,6 +355,9 @@ class WorkerPool:
     def _liveness_failure(self, w: int, during: str, deadline: float):
         """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then
         killed), or None while it may still answer."""
+        if self.procs[w] is None:
+            raise RuntimeError(f"this {self.owner} was closed (from another thread?) while it waited for worker "
+                               f"{w}'s {during}.")
         if self.procs[w].exitcode is not None:
             return self._death(w, during)
         if time.monotonic() > deadline:
@@ -341,8 +373,15 @@ class WorkerPool:
         return WorkerDiedError(w, proc.pid, proc.exitcode, during)
 
     # ----------------------------------------------------------------- closing
+    def check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
+
     def stop(self) -> None:
-        """Ask every live worker to close, wait up to 2 s, then kill what is left; idempotent."""
+        """Ask every live worker to close, wait up to 2 s, then kill what is left, and release the pipes and
+        semaphores (named ones, under spawn/forkserver, leave /dev/shm now); idempotent."""
+        self.closed = True
+        _LIVE_POOLS.discard(self)
         procs = self.procs
         self.procs = [None] * len(procs)
         for w, proc in enumerate(procs):
@@ -360,3 +399,6 @@ class WorkerPool:
                 proc.kill()
                 proc.join(5.0)
             proc.close()
+        self._wake = [None] * len(self._wake)
+        self._done = [None] * len(self._done)
+        self._any_done = None

@@ -112,15 +112,15 @@ class WorkerChannel:
     """A worker's end of the protocol: its pipe, its semaphores and the shared command/status arrays."""
 
     def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
-                 spin_s: float = 0.0, any_done=None):
+                 spin_s: float = 0.0, any_done=None, die_with_parent: bool = True):
         self.index, self.conn, self.wake, self.done = index, conn, wake, done
         self.command_tensor, self.status_tensor = command, status
-        self.spin_s, self.any_done = spin_s, any_done
+        self.spin_s, self.any_done, self.die_with_parent = spin_s, any_done, die_with_parent
 
     def start(self) -> None:
-        """First thing in a worker: die with the main process; leave Ctrl-C to the main process (which
-        shuts the workers down); one thread (the cores are the workers')."""
-        _die_with_parent()
+        """First thing in a worker: die with the main process (see :func:`_die_with_parent`); leave Ctrl-C to
+        the main process (which shuts the workers down); one thread (the cores are the workers')."""
+        _die_with_parent(self.die_with_parent)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
 
@@ -227,10 +227,12 @@ def poll(semaphore, until: float) -> bool:
         os.sched_yield()
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (the main process, or the forkserver, which
-    itself ends with the main process); the idle poll of :func:`_main_process_alive` is the fallback."""
-    if sys.platform.startswith("linux"):
+def _die_with_parent(use_signal: bool) -> None:
+    """With ``use_signal``, ask Linux to SIGKILL this process when its parent dies (the main process, or the
+    forkserver, which itself ends with the main process). Linux sends it when the parent's creating *thread*
+    exits, so a pool created in another thread passes False; the idle poll of :func:`_main_process_alive`
+    (every :data:`IDLE_POLL_S`) is the fallback."""
+    if use_signal and sys.platform.startswith("linux"):
         try:
             import ctypes
 

@@ -17,6 +17,7 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
         lambda x: torch.empty(x.shape, dtype=x.dtype))
     storage.update(env.full_action_spec.rand((max_steps,)).transpose(0, 1))
     recorder = StepRecorder(env, storage)
+    next_done = env.next_done  # kept: close() from another thread drops the env's own reference
     for key in recorder.root_keys:
         storage.get(key)[:, 0] = root.get(key)
     steps = max_steps
@@ -24,7 +25,7 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
         recorder.load_actions(t)
         env.step_buffers()
         recorder.record_next(t)
-        if break_when_any_done and env.next_done.any():
+        if break_when_any_done and next_done.any():
             steps = t + 1
             break
         if t + 1 < max_steps:

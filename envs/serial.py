@@ -19,6 +19,8 @@ class SerialEnv(BatchedEnv):
         create_env_fn: a constructor (or a list of ``num_envs`` constructors) returning a ``gymnasium.Env``
             or an unbatched TorchRL ``EnvBase``.
         create_env_kwargs: keyword arguments for the constructor(s): a dict or a list of dicts.
+        owner: the name error messages give this env (default ``"SerialEnv"``; a collector that wraps your
+            env in a SerialEnv gives its own name).
 
     Its data equals a :class:`~tdcollect.envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
     """
@@ -28,12 +30,15 @@ class SerialEnv(BatchedEnv):
         num_envs: int,
         create_env_fn: Callable | Sequence[Callable],
         create_env_kwargs: dict | Sequence[dict] | None = None,
+        *,
+        owner: str | None = None,
     ):
-        factories = resolve_factories(create_env_fn, num_envs, create_env_kwargs, "SerialEnv", "num_envs")
-        self._group = EnvGroup(factories, owner="SerialEnv")
+        owner = owner or "SerialEnv"
+        factories = resolve_factories(create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
+        self._group = EnvGroup(factories, owner=owner)
         buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
         self._group.bind(buffers)
-        super().__init__(self._group.specs, num_envs, buffers)
+        super().__init__(self._group.specs, num_envs, buffers, owner=owner)
 
     def _run_step(self) -> None:
         self._group.step()

@@ -135,7 +135,8 @@ _NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.
 def value_checker(spec: TensorSpec):
     """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
     caller's to check)? ``Categorical`` (integers) and ``Bounded`` specs are checked with numpy reductions on
-    the CPU; any other spec, or a value on another device, goes through ``spec.is_in``."""
+    the CPU (NaN is outside any bounds); any other spec, or a value on another device, goes through
+    ``spec.is_in``, and floating-point values must also be finite."""
     if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
         n = int(spec.space.n)
 
@@ -156,4 +157,6 @@ def value_checker(spec: TensorSpec):
             return bool(((array >= low) & (array <= high)).all())
 
         return check_bounded
+    if spec.dtype.is_floating_point:
+        return lambda value: bool(spec.is_in(value)) and bool(torch.isfinite(value).all())
     return lambda value: bool(spec.is_in(value))
