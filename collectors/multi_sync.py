@@ -15,6 +15,7 @@ from torchrl.envs.utils import ExplorationType
 from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
+from tdcollect.envs.specs import check_same_specs
 
 from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
 from .loop import DEFAULT_EXPLORATION_TYPE
@@ -25,17 +26,24 @@ OWNER = "MultiSyncCollector"
 
 
 class StorageHandshake:
-    """MultiSyncCollector's half of the start-up handshake (``protocol.py``): from the workers' env counts,
-    ``T = frames_per_batch / total envs`` (first start; a restarted worker must have as many envs as
-    before); each worker's storage ``[n_envs, T]`` must hold the same entries as the others'."""
+    """MultiSyncCollector's half of the start-up handshake (``protocol.py``): the workers' envs must have
+    the same specs (a restarted worker's too); from their env counts, ``T = frames_per_batch / total envs``
+    (first start; a restarted worker must have as many envs as before); each worker's storage
+    ``[n_envs, T]`` must hold the same entries as the others'."""
 
     def __init__(self, frames_per_batch: int):
         self.frames_per_batch = frames_per_batch
         self.envs_per_worker: list[int] = []
         self.steps: int | None = None
+        self.specs = None
         self.storages: dict[int, TensorDictBase] = {}
 
-    def setup(self, infos: dict[int, int]) -> dict[int, int]:
+    def setup(self, infos: dict[int, tuple]) -> dict[int, int]:
+        known = {} if self.specs is None else {"the first start's workers": self.specs}
+        check_same_specs({**known, **{f"worker {w}": specs for w, (_, specs) in infos.items()}},
+                         "All workers of one MultiSyncCollector must build envs with the same specs.")
+        self.specs = self.specs or infos[min(infos)][1]
+        infos = {w: n_envs for w, (n_envs, _) in infos.items()}
         if self.steps is None:
             self.envs_per_worker = [infos[w] for w in sorted(infos)]
             self.steps = CollectorBase.steps_per_batch(self.frames_per_batch, sum(self.envs_per_worker), OWNER)

@@ -1,6 +1,6 @@
 """The MultiSyncCollector worker process: its env, its policy copy and a :class:`BatchLoop` filling its
 storage in shared memory. Its messages and commands are part of the worker protocol
-(``tdcollect/envs/protocol.py``): hello ``n_envs``, setup ``T``, ready its storage ``[n_envs, T]``;
+(``tdcollect/envs/protocol.py``): hello ``(n_envs, EnvSpecs of one env)``, setup ``T``, ready its storage ``[n_envs, T]``;
 ``COLLECT`` / ``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches the loop."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
+from tdcollect.envs.shared import EnvSpecs
 
 from .env_setup import build_worker
 from .loop import BatchLoop
@@ -29,10 +30,15 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             env.close()
         channel.fail_start(exc)
     try:
-        steps = channel.hello(env.batch_size.numel())
+        specs = EnvSpecs(env.full_observation_spec[0], env.full_action_spec[0], env.full_reward_spec[0],
+                         env.full_done_spec[0])
+        steps = channel.hello((env.batch_size.numel(), specs))
         if steps is None:
             return
-        loop = BatchLoop(env, policy, steps, shared=True, inference_mode=True, **config["loop"])
+        try:
+            loop = BatchLoop(env, policy, steps, shared=True, inference_mode=True, **config["loop"])
+        except BaseException as exc:  # noqa: BLE001 - reported to the main process (the env closes below)
+            channel.fail_start(exc, "start-up")
         seen = -1
 
         def collect(random: bool) -> None:

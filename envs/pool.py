@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import multiprocessing.resource_sharer
 import multiprocessing.util
 import os
 import pickle
@@ -66,6 +67,28 @@ def _stop_live_pools() -> None:
 
 # registered after multiprocessing.util's exit hook (imported above), so it runs before it (atexit is LIFO)
 atexit.register(_stop_live_pools)
+
+
+def _unfetched_fds() -> set:
+    """Keys of the file descriptors this process offers to others (shared-memory tensors sent through a
+    pipe) that no process has fetched yet."""
+    sharer = getattr(multiprocessing.resource_sharer, "_resource_sharer", None)
+    if sharer is None:
+        return set()
+    with sharer._lock:
+        return set(sharer._cache)
+
+
+def _close_unfetched_fds(keys) -> None:
+    """Withdraw and close offered file descriptors that a worker died before fetching (they would stay
+    open for the life of this process)."""
+    sharer = getattr(multiprocessing.resource_sharer, "_resource_sharer", None)
+    if sharer is None or not keys:
+        return
+    with sharer._lock:
+        entries = [sharer._cache.pop(key, None) for key in keys]
+    for entry in filter(None, entries):
+        entry[1]()  # (send, close)
 
 
 def default_start_method() -> str:
@@ -171,16 +194,36 @@ class WorkerPool:
         child_conn.close()
 
     def _start_up(self, workers: list[int]) -> None:
-        """The handshake with ``workers`` (just spawned; see ``protocol.py``)."""
-        infos = {w: pickle.loads(self.receive(w, "construction", "hello")) for w in workers}
-        payloads = self._handshake.setup(infos)
+        """The handshake with ``workers`` (just spawned; see ``protocol.py``). Workers that fail in it do not
+        stop the others' handshake; they are raised at the end, all of them in the error's ``failures``, and
+        the file descriptors sent to them and never fetched are closed."""
+        failures, infos, sent, replies = {}, {}, {}, {}
         for w in workers:
+            try:
+                infos[w] = pickle.loads(self.receive(w, "construction", "hello"))
+            except WorkerError as err:
+                failures[w] = err
+        payloads = self._handshake.setup(infos) if infos else {}
+        for w in infos:
+            before = _unfetched_fds()
             try:
                 self.conns[w].send(("setup", payloads[w]))
             except _PIPE_GONE:
                 self.procs[w].join(1.0)
-                raise self._death(w, "start-up") from None
-        self._handshake.ready({w: self.receive(w, "start-up", "ready") for w in workers})
+                failures[w] = self._death(w, "start-up")
+            sent[w] = _unfetched_fds() - before
+        for w in infos:
+            if w not in failures:
+                try:
+                    replies[w] = self.receive(w, "start-up", "ready")
+                except WorkerError as err:
+                    failures[w] = err
+        for w in failures:
+            _close_unfetched_fds(sent.get(w, ()))
+        if replies:
+            self._handshake.ready(replies)
+        if failures:
+            self._raise_failures(failures)
 
     # ----------------------------------------------------------------- restarts
     def replace_failed(self, err: BaseException, max_restarts: int) -> list[int] | None:

@@ -124,9 +124,10 @@ class WorkerChannel:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
 
-    def fail_start(self, exc: BaseException) -> None:
-        """Report a failure to build what the worker owns, and exit the worker."""
-        self.conn.send(("error", error_report(exc, "construction")))
+    def fail_start(self, exc: BaseException, during: str = "construction") -> None:
+        """Report a start-up failure (building what the worker owns, or binding it to the setup payload:
+        ``during="start-up"``), and exit the worker."""
+        self.conn.send(("error", error_report(exc, during)))
         self.conn.close()
         sys.exit(1)
 
@@ -206,7 +207,10 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
             return
         buffers, reset_mask = setup
         rows = slice(first_env, first_env + envs_per_worker)
-        group.bind(buffers[rows])
+        try:
+            group.bind(buffers[rows])
+        except BaseException as exc:  # noqa: BLE001 - reported to the main process
+            channel.fail_start(exc, "start-up")
         mask = reset_mask[rows].numpy()
         if channel.ready(os.getpid()):
             channel.serve({STEP: group.step, RESET: lambda: group.reset(mask)}, group)
