@@ -1,7 +1,16 @@
 """The fault matrix, measured: for each fault, the error the main process gets, how long it took, and what
 was left behind (live worker processes, new ``/dev/shm`` entries).
 
-    python -m benchmarks.fault_matrix            # prints a markdown table
+    python -m benchmarks.fault_matrix                        # every fault: prints a markdown table
+    python -m benchmarks.fault_matrix --list                 # the faults' names
+    python -m benchmarks.fault_matrix --only segfault --only "bad input"   # names containing either text
+
+Only ``/dev/shm`` entries this process tree made are counted (other programs on the machine make and
+remove theirs meanwhile): names this process registered with multiprocessing's resource tracker (named
+semaphores, ``SharedMemory`` blocks) and torch's ``torch_<pid>_...`` files of this process or of a process
+it started during the cell (its descendants are sampled while the cell runs). Entries made by the separate
+scripts two cells run (``main process SIGKILLed``, ``no __main__ guard``) are registered with their own
+resource trackers and are not counted.
 
 Each cell runs in this process against a fresh ParallelEnv / MultiSyncCollector; the tests in
 ``tests/test_faults.py``, ``tests/test_reliability.py`` and ``tests/test_collectors_faults.py`` assert
@@ -9,8 +18,10 @@ the same behaviour, this script only tabulates it.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,10 +69,10 @@ def _interrupted_rollout():
 
 def _main_killed():
     """Seconds until the workers of a killed main process are all gone (the 'error' is their absence)."""
-    script = ("import sys, time; sys.path.insert(0, %r)\nfrom tdcollect.envs import ParallelEnv\n"
+    script = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r})\nfrom tdcollect.envs import ParallelEnv\n"
               "from tests.helpers import CountingEnv\nif __name__ == '__main__':\n"
               "    env = ParallelEnv(4, CountingEnv)\n    print(*env.worker_pids, flush=True)\n"
-              "    time.sleep(60)\n" % os.getcwd())
+              "    time.sleep(60)\n")
     main = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pids = [int(p) for p in main.stdout.readline().split()]
     main.kill()
@@ -124,11 +135,92 @@ def _children() -> set[int]:
 
 
 def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm"))
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+# ----------------------------------------------------------------- which /dev/shm entries are ours
+#: every /dev/shm name this process ever registered with multiprocessing's resource tracker
+_REGISTERED: set[str] = set()
+_TORCH_SHM = re.compile(r"^torch_(\d+)_")
+_RESOURCE_PREFIX = {"semaphore": "sem.", "shared_memory": ""}
+
+
+def _track_registrations() -> None:
+    """Remember (once per process) the names of the named semaphores and SharedMemory blocks this process
+    registers with multiprocessing's resource tracker, as their /dev/shm entry names."""
+    from multiprocessing import resource_tracker
+
+    if getattr(resource_tracker.register, "_fault_matrix", False):
+        return
+    register = resource_tracker.register
+
+    def tracked_register(name, rtype):
+        if rtype in _RESOURCE_PREFIX:
+            _REGISTERED.add(_RESOURCE_PREFIX[rtype] + name.lstrip("/"))
+        return register(name, rtype)
+
+    tracked_register._fault_matrix = True
+    resource_tracker.register = tracked_register
+
+
+def _descendants(pid: int) -> set[int]:
+    """Pids of ``pid``'s live descendants (from ``/proc/<pid>/task/<tid>/children``; psutil elsewhere)."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            if parent == pid and not os.path.isdir("/proc"):
+                return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = {int(c) for c in f.read().split()}
+            except OSError:
+                continue
+            todo.extend(children - found)
+            found |= children
+    return found
+
+
+class _PidSampler(threading.Thread):
+    """Collects the pids of this process's descendants every ``interval`` seconds until ``stop()``, so
+    that workers which were started and ended within a cell are known afterwards."""
+
+    def __init__(self, interval: float = 0.01):
+        super().__init__(daemon=True)
+        self.interval, self.pids = interval, {os.getpid()}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.pids |= _descendants(os.getpid())
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> set[int]:
+        self._stop_event.set()
+        self.join()
+        return self.pids | _descendants(os.getpid())
+
+
+def ours(entries: set[str], pids: set[int]) -> set[str]:
+    """The ``entries`` this process tree made: registered by this process (see :func:`_track_registrations`)
+    or torch files ``torch_<pid>_...`` of a process in ``pids``."""
+    out = set()
+    for name in entries:
+        match = _TORCH_SHM.match(name)
+        if name in _REGISTERED or (match and int(match.group(1)) in pids):
+            out.add(name)
+    return out
 
 
 def measure(cell) -> dict:
+    _track_registrations()
     children, shm = _children(), _shm()
+    sampler = _PidSampler()
+    sampler.start()
     start = time.monotonic()
     try:
         cell()
@@ -137,14 +229,45 @@ def measure(cell) -> dict:
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     seconds = time.monotonic() - start
     time.sleep(0.2)
+    pids = sampler.stop()
     return {"error": error, "seconds": seconds, "processes": len(_children() - children),
-            "segments": len(_shm() - shm)}
+            "segments": len(ours(_shm() - shm, pids))}
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fault_matrix",
+        description="Run each fault against a fresh ParallelEnv / MultiSyncCollector and print a markdown "
+                    "table: the error the main process gets, the time to it, and the worker processes and "
+                    "/dev/shm entries (of this process tree) left behind.",
+    )
+    parser.add_argument("--only", action="append", metavar="TEXT", default=None,
+                        help="run only the faults whose name contains TEXT (case-insensitive); repeat to add "
+                             "more, e.g. --only segfault --only 'bad input'")
+    parser.add_argument("--list", action="store_true", help="print the faults' names and exit")
+    args = parser.parse_args(argv)
+    args.cells = select(args.only)
+    if not args.cells:
+        parser.error(f"no fault's name contains any of {args.only}; --list shows the names")
+    return args
+
+
+def select(only: list[str] | None) -> dict:
+    """The cells whose name contains one of ``only`` (case-insensitive); all of them for None."""
+    if not only:
+        return dict(CELLS)
+    wanted = [text.lower() for text in only]
+    return {name: cell for name, cell in CELLS.items() if any(text in name.lower() for text in wanted)}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        print("\n".join(args.cells))
+        return
     print("| fault | error in the main process | time to error (s) | leaked processes | leaked /dev/shm |")
     print("|---|---|---:|---:|---:|")
-    for name, cell in CELLS.items():
+    for name, cell in args.cells.items():
         r = measure(cell)
         error = r["error"].replace("|", "/")[:110]
         print(f"| {name} | {error} | {r['seconds']:.2f} | {r['processes']} | {r['segments']} |", flush=True)

@@ -15,8 +15,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 

@@ -29,8 +29,8 @@ import platform
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import anchors, ours, report
 from .ours import SystemUnavailable

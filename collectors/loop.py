@@ -1,9 +1,10 @@
 """BatchLoop: fills ``[n_envs, steps]`` batches from one batched env and a policy.
 
-It is the loop of :class:`~tdcollect.collectors.Collector` and of every :class:`~tdcollect.collectors.MultiSyncCollector`
-worker. ``storage`` (allocated once, in shared memory for the multi-process collector) holds one batch with
-the keys of a TorchRL rollout: the root (observation keys, done flags), what the policy wrote ("action",
-log-probabilities, ...) and ``"next"`` (observation keys, reward, done flags); time is the last batch dim.
+It is the loop of :class:`~tdcollect.collectors.Collector` and of every
+:class:`~tdcollect.collectors.MultiSyncCollector` worker. ``storage`` (allocated once, in shared memory for
+the multi-process collector) holds one batch with the keys of a TorchRL rollout: the root (observation keys,
+done flags), what the policy wrote ("action", log-probabilities, ...) and ``"next"`` (observation keys, reward,
+done flags); time is the last batch dim.
 
 With a tdcollect ``BatchedEnv`` (SerialEnv / ParallelEnv) a step is lean and goes through the env's buffer
 API only: the policy reads the env's root buffer, its actions are copied into the env's action buffers, and

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase
-
 from torchrl.envs.utils import ExplorationType
 
 from tdcollect.envs.errors import WorkerError

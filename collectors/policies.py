@@ -6,7 +6,7 @@ the action tensor; any callable on a TensorDict; ``None`` (random actions from t
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDictBase

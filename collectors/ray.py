@@ -61,7 +61,8 @@ class RayCollectorWorker:
     """One Ray actor: its env(s), its policy copy and its batch loop (built at the first ``collect`` or
     ``set_seed``, when the driver knows ``steps``). Ray runs ``__init__`` again, with the same arguments,
     when it restarts the actor. Every method answers ``("ok", value)`` or ``("error", report)`` (a report as
-    :func:`tdcollect.envs.protocol.error_report` makes it), so that the driver raises one clear error naming the actor."""
+    :func:`tdcollect.envs.protocol.error_report` makes it), so that the driver raises one clear error naming
+    the actor."""
 
     def __init__(self, factory, policy_payload: bytes | None, config: dict):
         self.incarnation = uuid.uuid4().hex  # tells the driver that Ray restarted this actor
@@ -156,7 +157,8 @@ class RayCollector(CollectorBase):
         policy: as for :class:`~tdcollect.collectors.Collector`; each actor gets its own copy, updated by
             :meth:`update_policy_weights_`.
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
-        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type, check_actions: as for
+        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type,
+        check_actions: as for
             :class:`~tdcollect.collectors.MultiSyncCollector` (``policy_device`` is the device inside each actor).
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialized in this process yet, e.g.
             ``{"address": "auto"}`` to join a running cluster; by default a local cluster is started

@@ -3,7 +3,6 @@ one batched policy forward per step, on a GPU if asked)."""
 from __future__ import annotations
 
 from tensordict import TensorDictBase
-
 from torchrl.envs.utils import ExplorationType
 
 from .base import CollectorBase, check_env_device, loop_options

@@ -1,7 +1,8 @@
 """The MultiSyncCollector worker process: its env, its policy copy and a :class:`BatchLoop` filling its
 storage in shared memory. Its messages and commands are part of the worker protocol
-(``tdcollect/envs/protocol.py``): hello ``(n_envs, EnvSpecs of one env)``, setup ``T``, ready its storage ``[n_envs, T]``;
-``COLLECT`` / ``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches the loop."""
+(``tdcollect/envs/protocol.py``): hello ``(n_envs, EnvSpecs of one env)``, setup ``T``, ready its storage
+``[n_envs, T]``; ``COLLECT`` / ``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches
+the loop."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Batched TorchRL envs: ``SerialEnv`` (one process), ``ParallelEnv`` (worker processes, shared memory) and
 ``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping)."""
+from .async_parallel import AsyncParallelEnv
 from .errors import (
     EnvWorkerError,
     MissingMainGuardError,
@@ -8,7 +9,6 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from .async_parallel import AsyncParallelEnv
 from .parallel import ParallelEnv
 from .pool import default_start_method
 from .serial import SerialEnv

@@ -11,6 +11,10 @@ Every stepper owns one env and one index ``i`` in a group's buffer views (see ``
   the next observation;
 - ``close()``.
 
+Every value an env returns is checked against the shape its space / spec declares before it is written: a
+``(1,)`` observation where ``(4,)`` is declared raises a ``ValueError`` naming the env, the key and both
+shapes (see :func:`shape_error`); nothing is broadcast. Dtypes are cast as numpy / torch cast them.
+
 Families: :class:`GymStepper` (``gymnasium.Env``), :class:`TorchRLStepper` (unbatched TorchRL ``EnvBase``),
 :class:`DmEnvStepper` (``dm_env.Environment``; its key layout is in ``dm_specs.py``). A TorchRL env may offer
 a faster stepper of its own through a ``native_stepper()`` method (``DMLab2dEnv`` does); it must produce the
@@ -64,10 +68,12 @@ class GymStepper:
             done=done_spec(),
         )
         self._write_obs = _observation_writer(env.observation_space)
+        self._write_obs_unchecked = _observation_writer(env.observation_space, check=False)
         self._read_action = _action_reader(env.action_space)
 
     def bind(self, views: BufferViews, index: int) -> None:
         self._i = index
+        self._env_index = views.first_index + index
         self._root = views.root_np
         self._next = views.next_np
         self._action = views.action_np["action"]
@@ -76,12 +82,20 @@ class GymStepper:
 
     def reset(self, seed: int | None = None) -> None:
         obs, _ = self.env.reset(seed=seed)
-        self._write_obs(obs, self._root, self._i)
+        try:
+            self._write_obs(obs, self._root, self._i)
+        except _Mismatch as bad:
+            raise self._error(bad, "reset()") from None
 
     def step(self) -> None:
         i = self._i
         obs, reward, terminated, truncated, _ = self.env.step(self._read_action(self._action, i))
-        self._write_obs(obs, self._next, i)
+        try:
+            self._write_obs(obs, self._next, i)
+            if type(reward) not in _SCALARS or type(terminated) not in _SCALARS or type(truncated) not in _SCALARS:
+                _check_scalars(reward=reward, terminated=terminated, truncated=truncated)
+        except _Mismatch as bad:
+            raise self._error(bad, "step()") from None
         done_flag, terminated_flag, truncated_flag = self._flags
         self._reward[i, 0] = reward
         terminated_flag[i, 0] = terminated
@@ -90,7 +104,15 @@ class GymStepper:
         done_flag[i, 0] = done
         if done:
             obs, _ = self.env.reset()
-        self._write_obs(obs, self._root, i)
+            try:
+                self._write_obs(obs, self._root, i)
+            except _Mismatch as bad:
+                raise self._error(bad, "reset()") from None
+        else:
+            self._write_obs_unchecked(obs, self._root, i)  # checked above
+
+    def _error(self, bad: _Mismatch, call: str) -> ValueError:
+        return shape_error(self._env_index, call, bad.key, bad.expected, bad.received, family="gym")
 
     def close(self) -> None:
         self.env.close()
@@ -99,6 +121,9 @@ class GymStepper:
 class GymBlockStepper:
     """``k`` ``GymStepper`` envs with one ``Box`` observation stepped as a block: results are gathered in
     lists and written with one numpy assignment per key (per env, a list append instead of a numpy write).
+    Every result's shape is checked before the lists are written (a mismatch is the same ``ValueError`` as
+    for a ``GymStepper``, naming the first env at fault): numpy would broadcast a list of ``(1,)``
+    observations into the ``[k, 4]`` rows.
 
     Writes the same data as stepping each ``GymStepper``; :func:`block_stepper` decides when it applies.
     """
@@ -108,17 +133,25 @@ class GymBlockStepper:
         self._read_actions = _block_action_reader(steppers[0].env.action_space, views.action_np["action"])
         self._next_obs = views.next_np["observation"]
         self._root_obs = views.root_np["observation"]
+        self._obs_shape = self._next_obs.shape[1:]
         self._reward = views.next_np["reward"][:, 0]
         self._done, self._terminated, self._truncated = (views.next_np[key][:, 0] for key in DONE_KEYS)
+        self._first = views.first_index
 
     def step(self) -> None:
         observations, rewards, terminated, truncated = [], [], [], []
+        shape, scalars, exact = self._obs_shape, _SCALARS, True
         for env, action in zip(self.envs, self._read_actions()):
             obs, reward, term, trunc, _ = env.step(action)
+            if exact and (getattr(obs, "shape", None) != shape or type(reward) not in scalars
+                          or type(term) not in scalars or type(trunc) not in scalars):
+                exact = False
             observations.append(obs)
             rewards.append(reward)
             terminated.append(term)
             truncated.append(trunc)
+        if not exact:  # some value is not a numpy array / scalar of the usual kind: check each one
+            self._check(observations, rewards, terminated, truncated)
         self._next_obs[...] = observations
         self._reward[...] = rewards
         self._terminated[...] = terminated
@@ -127,7 +160,20 @@ class GymBlockStepper:
         self._root_obs[...] = self._next_obs
         if self._done.any():
             for i in np.flatnonzero(self._done).tolist():
-                self._root_obs[i], _ = self.envs[i].reset()
+                obs, _ = self.envs[i].reset()
+                if _shape_of(obs) != self._obs_shape:
+                    raise shape_error(self._first + i, "reset()", "observation", self._obs_shape,
+                                      _shape_of(obs), family="gym")
+                self._root_obs[i] = obs
+
+    def _check(self, observations: list, rewards: list, terminated: list, truncated: list) -> None:
+        """The error for the first env whose step() result has a shape other than its buffer row's."""
+        for key, values, expected in (("observation", observations, self._obs_shape), ("reward", rewards, ()),
+                                      ("terminated", terminated, ()), ("truncated", truncated, ())):
+            for j, value in enumerate(values):
+                received = _shape_of(value)
+                if received != expected:
+                    raise shape_error(self._first + j, "step()", key, expected, received, family="gym")
 
 
 def block_stepper(steppers: list, views: BufferViews) -> GymBlockStepper | None:
@@ -154,11 +200,74 @@ def _block_action_reader(space: spaces.Space, array: np.ndarray):
     return lambda: list(np.array(array, dtype=dtype))  # a copy: an env may keep its action
 
 
-def _observation_writer(space: spaces.Space):
-    """``write(obs, tree, i)`` for a full observation (Dict/Tuple at the top level, else ``"observation"``)."""
+# ----------------------------------------------------------------- shape checks
+#: types whose values are always scalars (shape ``()``): the per-step check of rewards and flags skips them.
+_SCALARS = frozenset({float, int, bool, np.float32, np.float64, np.bool_, np.int32, np.int64})
+
+
+class _Mismatch(Exception):
+    """Raised by a writer: the value for ``key`` has shape ``received`` where ``expected`` is declared."""
+
+    def __init__(self, key, expected: tuple, received):
+        super().__init__(key, expected, received)
+        self.key, self.expected, self.received = key, expected, received
+
+
+def _shape_of(value):
+    """The shape of an env's value (``()`` for a Python or numpy scalar); None if it has none (a ragged
+    list, an object numpy cannot read as an array)."""
+    shape = getattr(value, "shape", None)
+    if type(shape) is tuple:
+        return shape
+    if shape is not None:
+        return tuple(shape)  # e.g. a torch.Size
+    try:
+        return np.shape(value)
+    except ValueError:
+        return None
+
+
+def _check_scalars(**values) -> None:
+    """Raise :class:`_Mismatch` for the first value that is not a scalar (shape ``()``)."""
+    for key, value in values.items():
+        received = _shape_of(value)
+        if received != ():
+            raise _Mismatch(key, (), received)
+
+
+_FLAGS = ("reward", "terminated", "truncated")
+
+
+def shape_error(env: int | str, call: str, key, expected: tuple, received, family: str) -> ValueError:
+    """The ``ValueError`` for a value of the wrong shape, naming the env index, the key, both shapes and the
+    fix. ``family``: ``"gym"`` or ``"torchrl"``; ``received``: a shape, or None for a value without one (a
+    ragged list)."""
+    got = "a value with no single shape" if received is None else f"shape {tuple(received)}"
+    if family == "gym" and key in _FLAGS:
+        what, declared = repr(key), "a gymnasium env must return a scalar, shape ()"
+        hint = f"return {key} as a Python or numpy scalar"
+    elif family == "gym":
+        what, declared = f"observation {key!r}", f"the env's observation_space declares shape {tuple(expected)}"
+        hint = ("make reset() and step() return exactly the shape its observation_space declares (or declare "
+                "the shape they return in observation_space)")
+    else:
+        what, declared = repr(key), f"the env's specs declare shape {tuple(expected)}"
+        hint = ("make _reset() and _step() return tensors of exactly the shapes its specs declare "
+                "(full_observation_spec, full_reward_spec, full_done_spec), or declare the shapes they return")
+    return ValueError(
+        f"env {env}: {call} returned {what} with {got}, but {declared}. Values are never broadcast into the "
+        f"batched env's buffers: {hint}."
+    )
+
+
+def _observation_writer(space: spaces.Space, check: bool = True):
+    """``write(obs, tree, i)`` for a full observation (Dict/Tuple at the top level, else ``"observation"``).
+
+    ``check``: raise :class:`_Mismatch` (before writing that leaf) when a leaf's shape is not the one its
+    space declares (which is its buffer row's shape)."""
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        return _leaf_writer(space)
-    write_leaf = _leaf_writer(space)
+        return _leaf_writer(space, (), check)
+    write_leaf = _leaf_writer(space, ("observation",), check)
 
     def write(obs, tree, i):
         write_leaf(obs, tree["observation"], i)
@@ -166,32 +275,50 @@ def _observation_writer(space: spaces.Space):
     return write
 
 
-def _leaf_writer(space: spaces.Space):
+def _leaf_writer(space: spaces.Space, key: tuple, check: bool):
     if isinstance(space, spaces.Dict):
-        writers = {key: _leaf_writer(sub) for key, sub in space.spaces.items()}
+        writers = {name: _leaf_writer(sub, (*key, name), check) for name, sub in space.spaces.items()}
 
         def write_dict(obs, node, i):
-            for key, write in writers.items():
-                write(obs[key], node[key], i)
+            for name, write in writers.items():
+                write(obs[name], node[name], i)
 
         return write_dict
     if isinstance(space, spaces.Tuple):
-        writers = [(str(j), _leaf_writer(sub)) for j, sub in enumerate(space.spaces)]
+        writers = [(str(j), _leaf_writer(sub, (*key, str(j)), check)) for j, sub in enumerate(space.spaces)]
 
         def write_tuple(obs, node, i):
-            for j, (key, write) in enumerate(writers):
-                write(obs[j], node[key], i)
+            for j, (name, write) in enumerate(writers):
+                write(obs[j], node[name], i)
 
         return write_tuple
+    name = key[0] if len(key) == 1 else key
+    shape = tuple(space.shape)  # the leaf's row shape in the buffers (see specs.space_to_spec)
+
+    def check_shape(value):
+        if getattr(value, "shape", None) != shape and _shape_of(value) != shape:
+            raise _Mismatch(name, shape, _shape_of(value))
+
     start = getattr(space, "start", None)
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) and np.any(start != 0):
 
         def write_shifted(value, array, i):
+            if check:
+                check_shape(value)
             array[i] = np.asarray(value) - start
 
         return write_shifted
 
+    if not check:
+
+        def write_unchecked(value, array, i):
+            array[i] = value
+
+        return write_unchecked
+
     def write(value, array, i):
+        if getattr(value, "shape", None) != shape and _shape_of(value) != shape:
+            raise _Mismatch(name, shape, _shape_of(value))
         array[i] = value
 
     return write
@@ -216,7 +343,8 @@ def _action_reader(space: spaces.Space):
 
 
 class TorchRLStepper:
-    """An unbatched TorchRL ``EnvBase``: its tensordicts are copied into the buffer views."""
+    """An unbatched TorchRL ``EnvBase``: its tensordicts are copied into the buffer views (each leaf's shape
+    checked first: ``update_`` would broadcast)."""
 
     def __init__(self, env: EnvBase):
         if env.batch_size != ():
@@ -239,18 +367,31 @@ class TorchRLStepper:
         self._root = views.root[index]
         self._next = views.next[index]
         self._action = views.action[index]
+        self._env_index = views.first_index + index
+        self._root_shapes = [(key, tuple(self._root.get(key).shape)) for key in self._root_keys]
+        self._next_shapes = [(key, tuple(self._next.get(key).shape)) for key in self._next_keys]
 
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.env.set_seed(seed)
         self._state = self.env.reset()
+        self._check(self._state, self._root_shapes, "reset()")
         self._root.update_(self._state.select(*self._root_keys))
 
     def step(self) -> None:
         state = self._state.update(self._action.clone())
         stepped, self._state = self.env.step_and_maybe_reset(state)
-        self._next.update_(stepped.get("next").select(*self._next_keys))
+        stepped_next = stepped.get("next")
+        self._check(stepped_next, self._next_shapes, "step()")
+        self._check(self._state, self._root_shapes, "reset()")
+        self._next.update_(stepped_next.select(*self._next_keys))
         self._root.update_(self._state.select(*self._root_keys))
+
+    def _check(self, td, shapes: list, call: str) -> None:
+        for key, expected in shapes:
+            value = td.get(key, None)
+            if value is not None and value.shape != expected:
+                raise shape_error(self._env_index, call, key, expected, tuple(value.shape), family="torchrl")
 
     def close(self) -> None:
         if not self.env.is_closed:
@@ -260,8 +401,9 @@ class TorchRLStepper:
 class DmEnvStepper:
     """A ``dm_env.Environment``: timestep values are written into numpy views of the buffers.
 
-    ``layout``: a :class:`~tdcollect.envs.dm_specs.DmLayout` (default: :func:`~tdcollect.envs.dm_specs.flat_layout`, i.e. the
-    observation dict's entries as top-level keys, actions under ``"action"``, ``"reward"`` ``[1]``).
+    ``layout``: a :class:`~tdcollect.envs.dm_specs.DmLayout` (default:
+    :func:`~tdcollect.envs.dm_specs.flat_layout`, i.e. the observation dict's entries as top-level keys,
+    actions under ``"action"``, ``"reward"`` ``[1]``).
     dm_env has no seeding call, so a seed passed to ``reset`` is ignored (with a warning, once); subclasses
     that know how to seed their env override :meth:`seed`.
     """

@@ -27,9 +27,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from .errors import WorkerError, failures_of
 from .parallel import ParallelEnv
+from .protocol import RESET, STEP
 from .shared import numpy_view
 from .specs import value_checker
-from .protocol import RESET, STEP
 
 
 class AsyncParallelEnv(ParallelEnv):

@@ -157,14 +157,8 @@ def flat_layout(env: dm_env.Environment) -> DmLayout:
             "supported (it becomes \"reward\" of shape [*shape, 1])."
         )
     reward = Composite(reward=Unbounded(shape=(*reward_dm.shape, 1), dtype=torch.float32), shape=())
-    return DmLayout(
-        observation=observation,
-        action=action,
-        reward=reward,
-        observation_slots=obs_slots,
-        action_slots=act_slots,
-        reward_slots=[Slot((REWARD,), ("reward",))],
-    )
+    return DmLayout(observation, action, reward, observation_slots=obs_slots, action_slots=act_slots,
+                    reward_slots=[Slot((REWARD,), ("reward",))])
 
 
 def done_flags(timestep: dm_env.TimeStep) -> tuple[bool, bool, bool]:

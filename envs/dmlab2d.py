@@ -29,10 +29,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-import dmlab2d
 import numpy as np
 import torch
-from dmlab2d import runfiles_helper, settings_helper
+
+try:
+    import dmlab2d
+    from dmlab2d import runfiles_helper, settings_helper
+except ModuleNotFoundError as _missing:  # the optional extra is not installed
+    if (_missing.name or "").split(".")[0] not in ("dmlab2d", "dm_env"):
+        raise
+    raise ModuleNotFoundError(
+        f"DMLab2dEnv needs the optional dmlab2d package ({_missing}); install it with: "
+        'pip install "tdcollect[dmlab2d]"',
+        name=_missing.name,
+    ) from _missing
 from tensordict import TensorDictBase
 from torchrl.data import Composite, Unbounded
 from torchrl.envs import EnvBase
@@ -105,7 +115,7 @@ class DMLab2dEnv(EnvBase):
         """The engine's own ``dm_env`` view (replaced by ``set_seed``)."""
         return self._dm
 
-    def native_stepper(self) -> "LevelStepper":
+    def native_stepper(self) -> LevelStepper:
         """The stepper batched envs use for this env: the engine's values go straight into their buffers,
         skipping ``EnvBase.step`` (same data, several times faster)."""
         return LevelStepper(self)
@@ -224,14 +234,8 @@ def dmlab2d_layout(env: dmlab2d.Environment, exposed: Sequence[str]) -> DmLayout
     else:
         reward = Composite(reward=Unbounded((1,), dtype=torch.float32), shape=())
         reward_slots = [Slot(("reward",), ("reward",))]
-    return DmLayout(
-        observation=observation,
-        action=action,
-        reward=reward,
-        observation_slots=obs_slots,
-        action_slots=act_slots,
-        reward_slots=reward_slots,
-    )
+    return DmLayout(observation, action, reward, observation_slots=obs_slots, action_slots=act_slots,
+                    reward_slots=reward_slots)
 
 
 def _place(target: Composite, specs: dict, prefix: tuple, source_root: tuple, n: int) -> list[Slot]:
@@ -252,7 +256,7 @@ def _place(target: Composite, specs: dict, prefix: tuple, source_root: tuple, n:
         if sorted(per_player) != list(range(1, n + 1)):
             raise ValueError(f"{base!r} exists for players {sorted(per_player)} only, not for all {n}.")
         first = per_player[1]
-        for player, spec in per_player.items():
+        for spec in per_player.values():
             if spec.shape != first.shape or spec.dtype != first.dtype or _bounds(spec) != _bounds(first):
                 raise ValueError(f"players disagree on the spec of {base!r}: {first!r} vs {spec!r}.")
         converted, offset = leaf_to_spec(first)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 import gymnasium as gym
@@ -48,20 +49,57 @@ def _per_slot(value, count, owner, count_name, arg_name):
 
 
 def check_factory(fn: Any, owner: str = "ParallelEnv") -> None:
-    """Raise ``TypeError`` unless ``fn`` is a constructor (and not an env instance)."""
+    """Raise ``TypeError`` unless ``fn`` is a constructor (and not an env instance); the message shows a call
+    of ``owner`` that would work (see :func:`example_calls`)."""
     if _is_env_instance(fn):
         name = type(fn).__name__
+        make = _remake_expression(fn)
         raise TypeError(
             f"{owner} takes a function that builds an env, not an env instance (got a {name} object). "
             "An instance lives in this process and often cannot be copied to another one; pass a "
-            f"constructor and the env is built where it runs, e.g. {owner}(4, lambda: {name}(...)) "
-            f"or {owner}(4, functools.partial({name}, ...))."
+            f"constructor and the env is built where it runs, e.g. {example_calls(owner, make)}."
         )
     if not callable(fn):
-        raise TypeError(
-            f"{owner} takes a callable that builds an env, got {type(fn).__name__} {fn!r}; "
-            f"e.g. {owner}(4, lambda: gymnasium.make('CartPole-v1'))."
-        )
+        example = example_calls(owner, "gymnasium.make('CartPole-v1')")
+        raise TypeError(f"{owner} takes a callable that builds an env, got {type(fn).__name__} {fn!r}; e.g. {example}.")
+
+
+#: How each owner takes its constructors: the count first (``ParallelEnv(4, make)``), or keyword-only
+#: (``MultiSyncCollector([make] * 4)`` / ``MultiSyncCollector(make, num_workers=4)``).
+_COUNT_FIRST = ("ParallelEnv", "AsyncParallelEnv", "SerialEnv")
+_COUNT_BY_KEYWORD = ("MultiSyncCollector", "RayCollector")
+
+
+def example_calls(owner: str, make: str) -> str:
+    """Calls of ``owner`` (with 4 envs or workers) that its signature accepts, building each env with the
+    expression ``make`` (e.g. ``"MyEnv(...)"``); for another owner, the constructor alone."""
+    if owner in _COUNT_FIRST:
+        extra = ", batch_workers=2" if owner == "AsyncParallelEnv" else ""
+        partial = _partial_expression(make)
+        calls = [f"{owner}(4, lambda: {make}{extra})"]
+        if partial:
+            calls.append(f"{owner}(4, {partial}{extra})")
+        return " or ".join(calls)
+    if owner in _COUNT_BY_KEYWORD:
+        return f"{owner}([lambda: {make}] * 4) or {owner}(lambda: {make}, num_workers=4)"
+    return f"a constructor such as lambda: {make}"
+
+
+def _partial_expression(make: str) -> str | None:
+    """``"MyEnv(...)"`` -> ``"functools.partial(MyEnv, ...)"``; None for other expressions."""
+    if make.endswith("(...)") and make[:-5].isidentifier():
+        return f"functools.partial({make[:-5]}, ...)"
+    return None
+
+
+def _remake_expression(env: Any) -> str:
+    """An expression that builds an env like ``env``: ``gymnasium.make('<id>')`` for an env made by
+    ``gymnasium.make`` (its type is the outermost wrapper's), else ``<type name>(...)``."""
+    spec = getattr(env, "spec", None) if isinstance(env, gym.Env) else None
+    env_id = getattr(spec, "id", None)
+    if isinstance(env_id, str) and env_id:
+        return f"gymnasium.make({env_id!r})"
+    return f"{type(env).__name__}(...)"
 
 
 def _is_env_instance(obj: Any) -> bool:

@@ -5,7 +5,8 @@ This is what :class:`~tdcollect.envs.SerialEnv` runs in the main process and wha
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from tensordict import TensorDictBase
@@ -23,6 +24,7 @@ class EnvGroup:
 
     def __init__(self, factories: Sequence[Callable[[], Any]], owner: str, first_index: int = 0):
         self.steppers = []
+        self.first_index = first_index
         try:
             for fn in factories:
                 self.steppers.append(make_stepper(fn(), owner))
@@ -40,7 +42,7 @@ class EnvGroup:
 
     def bind(self, buffers: TensorDictBase) -> None:
         """Point every stepper at its row of ``buffers`` (batch ``[len(self)]``, see ``shared.py``)."""
-        views = BufferViews(buffers)
+        views = BufferViews(buffers, self.first_index)
         for i, stepper in enumerate(self.steppers):
             stepper.bind(views, i)
         self._block = block_stepper(self.steppers, views)

@@ -1,7 +1,7 @@
 """ParallelEnv: envs in worker processes that exchange data through shared-memory buffers."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -67,8 +67,8 @@ class ParallelEnv(BatchedEnv):
             at once: spinning on a full machine slows the workers down).
 
     Errors from workers arrive as :class:`~tdcollect.envs.errors.EnvWorkerError` (an exception in an env),
-    :class:`~tdcollect.envs.errors.WorkerDiedError` and :class:`~tdcollect.envs.errors.WorkerTimeoutError`; after the last two
-    the env is closed.
+    :class:`~tdcollect.envs.errors.WorkerDiedError` and :class:`~tdcollect.envs.errors.WorkerTimeoutError`; after the
+    last two the env is closed.
     """
 
     def __init__(
@@ -85,11 +85,12 @@ class ParallelEnv(BatchedEnv):
         spin_s: float | None = None,
     ):
         exit_if_bootstrapping()
-        factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, "ParallelEnv", "num_workers")
+        owner = type(self).__name__
+        factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ValueError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
         method = resolve_start_method(mp_start_method)
-        pickled = [PickledFactory(fn, "ParallelEnv", f"worker {w}") for w, fn in enumerate(factories)]
+        pickled = [PickledFactory(fn, owner, f"worker {w}") for w, fn in enumerate(factories)]
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
         self.start_method = method
@@ -100,7 +101,7 @@ class ParallelEnv(BatchedEnv):
         self._pool = WorkerPool(
             run_env_worker,
             [(factory, envs_per_worker, w * envs_per_worker) for w, factory in enumerate(pickled)],
-            handshake=handshake, start_method=method, timeout=timeout, owner="ParallelEnv", spin_s=spin_s,
+            handshake=handshake, start_method=method, timeout=timeout, owner=owner, spin_s=spin_s,
         )
         self._specs = handshake.specs
         self._reset_mask = handshake.reset_tensor.numpy()

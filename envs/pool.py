@@ -23,7 +23,8 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import torch

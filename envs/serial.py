@@ -1,7 +1,7 @@
 """SerialEnv: ``num_envs`` envs stepped one after the other in this process, as one batched TorchRL env."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

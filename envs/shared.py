@@ -76,9 +76,11 @@ def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict
 
 
 class BufferViews:
-    """Views over a ``[k]`` slice of the buffers, as TensorDicts and as numpy arrays (same memory)."""
+    """Views over a ``[k]`` slice of the buffers, as TensorDicts and as numpy arrays (same memory).
+    ``first_index``: the index, in the batched env, of the slice's first row (error messages name envs by it)."""
 
-    def __init__(self, buffers: TensorDictBase):
+    def __init__(self, buffers: TensorDictBase, first_index: int = 0):
+        self.first_index = first_index
         self.root = buffers.get("root")
         self.next = buffers.get("next")
         self.action = buffers.get("action")

@@ -132,6 +132,9 @@ _NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.
                  torch.uint8}
 
 
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def value_checker(spec: TensorSpec):
     """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
     caller's to check)? ``Categorical`` (integers) and ``Bounded`` specs are checked with numpy reductions on
@@ -144,7 +147,8 @@ def value_checker(spec: TensorSpec):
             if value.device.type != "cpu":
                 return bool(spec.is_in(value))
             array = value.detach().numpy()
-            return array.size == 0 or (array.min() >= 0 and array.max() < n)
+            # one reduction: viewed as unsigned, negative values are larger than any valid one
+            return array.size == 0 or bool(array.view(_UNSIGNED[array.itemsize]).max() < n)
 
         return check_categorical
     if type(spec) is Bounded and spec.dtype in _NUMPY_DTYPES:

@@ -24,7 +24,8 @@ from tests.helpers import CountingEnv, FaultyEnv, OtherShapeEnv, StuckEnv, Suici
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("instance", [lambda: gym.make("CartPole-v1"), lambda: GymEnv("CartPole-v1"), lambda: CountingEnv()])
+@pytest.mark.parametrize("instance", [lambda: gym.make("CartPole-v1"), lambda: GymEnv("CartPole-v1"),
+                                      lambda: CountingEnv()])
 @pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
 def test_env_instance_is_a_type_error_that_shows_the_fix(cls, instance, no_leaks):
     env = instance()
@@ -147,4 +148,5 @@ def test_garbage_collected_env_stops_its_workers(no_leaks):
 
     gc.collect()
     time.sleep(0.1)
-    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    assert not [pid for pid in pids
+                if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]

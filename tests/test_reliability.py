@@ -1,12 +1,16 @@
 """Reliability (fault matrix rows not covered in test_faults.py): native crashes, Ctrl-C, the main process
 dying, automatic restart for ParallelEnv and MultiSyncCollector, and many create/close cycles."""
 import functools
+import gc
+import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import psutil
 import pytest
@@ -14,7 +18,7 @@ import torch
 
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import EnvWorkerError, ParallelEnv, WorkerDiedError
-from tests.conftest import shm_entries
+from tests.conftest import _OUR_SEMAPHORES, shm_entries
 from tests.helpers import CountingEnv, CrashOnceEnv, SlowEnv
 
 pytestmark = pytest.mark.timeout(90)
@@ -179,15 +183,180 @@ def test_collector_past_max_restarts_raises_and_shuts_down(no_leaks):
 
 
 # ----------------------------------------------------------------- nothing leaks
-def test_200_create_close_cycles_keep_fds_and_shm_flat(no_leaks):
-    def snapshot():
-        return len(os.listdir("/proc/self/fd")), len(shm_entries())
+_TORCH_SHM = re.compile(r"^torch_(\d+)_")
 
-    ParallelEnv(2, CountingEnv).close()  # warm up lazily created helpers (resource tracker, ...)
+
+def our_shm_entries(pids: set[int]) -> set[str]:
+    """The ``/dev/shm`` entries this process tree made, leaving out those of every other program on the
+    machine: the named semaphores this process registered with multiprocessing's resource tracker (as
+    ``tests.conftest`` tracks them; a ParallelEnv's ``wake`` / ``done`` semaphores under spawn and
+    forkserver) and torch's shared-memory files ``torch_<pid>_<n>_<k>`` made by a process in ``pids``
+    (under the file_system sharing strategy they stay until released; under file_descriptor, the default,
+    they are unlinked at once)."""
+    ours = set()
+    for name in shm_entries():
+        if name.startswith("sem."):
+            if name in _OUR_SEMAPHORES:
+                ours.add(name)
+            continue
+        match = _TORCH_SHM.match(name)
+        if match and int(match.group(1)) in pids:
+            ours.add(name)
+    return ours
+
+
+_HOLD_SHM_SCRIPT = """
+import multiprocessing, signal, sys, time
+from multiprocessing import shared_memory
+
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+shm = shared_memory.SharedMemory(create=True, size=64)
+sem = multiprocessing.get_context("spawn").Semaphore()  # a named semaphore: /dev/shm/sem.mp-...
+print(shm.name, "sem." + sem._semlock.name.lstrip("/"), flush=True)
+try:
+    while True:
+        time.sleep(1)
+finally:
+    shm.close()
+    shm.unlink()
+"""
+
+
+@pytest.fixture
+def unrelated_shm():
+    """``make()`` creates /dev/shm entries the way other programs on the machine do, while the test runs:
+    a file of its own, a file named like another torch process's shared memory, and — from a separate
+    process that holds them until the test ends — a ``multiprocessing.shared_memory.SharedMemory`` and a
+    named semaphore. Returns their names; all are removed at teardown (before ``no_leaks`` looks)."""
+    files, procs = [], []
+
+    def make() -> set[str]:
+        names = {f"unrelated-{uuid.uuid4().hex}", f"torch_{os.getppid()}_{uuid.uuid4().int % 10**9}_1"}
+        for name in names:
+            with open(os.path.join("/dev/shm", name), "wb") as f:
+                f.write(b"not ours")
+            files.append(name)
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD_SHM_SCRIPT], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        procs.append(proc)
+        names.update(proc.stdout.readline().split())
+        proc.stdout.close()  # no fd of ours stays open for it
+        assert len(names) == 4 and names <= shm_entries(), names
+        return names
+
+    yield make
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+    for name in files:
+        os.unlink(os.path.join("/dev/shm", name))
+
+
+def _open_fds() -> dict[str, str]:
+    """This process's open file descriptors: ``{fd: what it points to}``."""
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the fd of the listing itself, closed by now
+            pass
+    return fds
+
+
+def test_200_create_close_cycles_keep_fds_and_shm_flat(no_leaks, unrelated_shm):
+    pids = {os.getpid()}  # this process and every worker it started: the torch_<pid>_... files that are ours
+
+    def snapshot():
+        # fds of closed envs that only a full collection frees are not leaks (under pytest a few envs' buffer
+        # fds regularly wait for it; the count then depends on when the collector last ran)
+        gc.collect()
+        return _open_fds(), our_shm_entries(pids)
+
+    warm_up = ParallelEnv(2, CountingEnv)  # warm up lazily created helpers (resource tracker, ...)
+    pids.update(warm_up.worker_pids)
+    warm_up.close()
     fds, shm = snapshot()
     for cycle in range(200):
+        if cycle == 100:
+            unrelated = unrelated_shm()  # other programs' entries, still there when we check
         with ParallelEnv(2, CountingEnv) as env:
+            pids.update(env.worker_pids)
             env.rollout(2)
     fds_after, shm_after = snapshot()
-    assert fds_after <= fds + 2, f"open fds grew from {fds} to {fds_after} over 200 cycles"
-    assert shm_after <= shm, f"/dev/shm entries grew from {shm} to {shm_after} over 200 cycles"
+    assert unrelated <= shm_entries() and not unrelated & shm_after
+    assert len(fds_after) <= len(fds) + 2, (
+        f"open fds grew from {len(fds)} to {len(fds_after)} over 200 cycles; new: "
+        f"{sorted(fds_after[fd] for fd in set(fds_after) - set(fds))}")
+    assert shm_after <= shm, f"/dev/shm entries left behind over 200 cycles: {sorted(shm_after - shm)}"
+
+
+def test_the_shm_check_still_sees_our_own_leaks(no_leaks, unrelated_shm):
+    """What ``our_shm_entries`` must count: a named semaphore made in this process and not released (as a
+    spawn ParallelEnv leaks them if it is never closed), and torch files of this process or of one of our
+    workers — even with other programs' entries around."""
+    pids = {os.getpid()}
+    before = our_shm_entries(pids)
+    unrelated = unrelated_shm()
+    assert our_shm_entries(pids) == before
+    leaked_sem = multiprocessing.get_context("spawn").Semaphore()
+    sem_name = "sem." + leaked_sem._semlock.name.lstrip("/")
+    with ParallelEnv(1, CountingEnv) as env:
+        worker = env.worker_pids[0]
+    pids.add(worker)
+    torch_names = [f"torch_{pid}_{uuid.uuid4().int % 10**9}_7" for pid in (os.getpid(), worker)]
+    try:
+        for name in torch_names:
+            open(os.path.join("/dev/shm", name), "wb").close()
+        assert our_shm_entries(pids) - before == {sem_name, *torch_names}
+        assert not unrelated & our_shm_entries(pids)
+    finally:
+        for name in torch_names:
+            os.unlink(os.path.join("/dev/shm", name))
+        del leaked_sem
+        gc.collect()
+    assert our_shm_entries(pids) == before
+
+
+# ----------------------------------------------------------------- benchmarks/fault_matrix.py
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_fault_matrix_counts_only_the_shm_entries_of_its_process_tree(no_leaks, unrelated_shm):
+    from benchmarks import fault_matrix
+
+    kept = []
+
+    def cell():
+        unrelated_shm()  # other programs' entries appear while the cell runs
+        kept.append(multiprocessing.get_context("spawn").Semaphore())  # ours, and not released
+        raise ValueError("the fault")
+
+    try:
+        result = fault_matrix.measure(cell)
+    finally:
+        kept.clear()
+        gc.collect()
+    assert result["error"] == "ValueError: the fault"
+    assert result["segments"] == 1
+
+
+def _fault_matrix(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.fault_matrix", *args], cwd=_REPO, text=True,
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_fault_matrix_help_prints_usage_and_runs_nothing():
+    start = time.monotonic()
+    proc = _fault_matrix("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m benchmarks.fault_matrix") and "--only" in proc.stdout
+    assert "| fault |" not in proc.stdout
+    assert time.monotonic() - start < 30
+
+
+def test_fault_matrix_only_picks_a_subset():
+    proc = _fault_matrix("--list", "--only", "SEGFAULT", "--only", "num_workers")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["ParallelEnv: segfault in step", "bad input: num_workers < 1"]
+    proc = _fault_matrix("--only", "no such fault")
+    assert proc.returncode == 2 and "no fault's name contains" in proc.stderr

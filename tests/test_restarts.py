@@ -76,8 +76,8 @@ def test_collector_replacement_dying_in_start_up_is_restarted_again(tmp_path, no
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # 4 steps per batch: worker 0 dies in the second batch, which its replacement collects again
-        with MultiSyncCollector(_factories(tmp_path, {1}, at_step=6), frames_per_batch=8, total_frames=24, max_restarts=3,
-                                mp_start_method="fork") as collector:
+        with MultiSyncCollector(_factories(tmp_path, {1}, at_step=6), frames_per_batch=8, total_frames=24,
+                                max_restarts=3, mp_start_method="fork") as collector:
             batches = list(collector)
             assert collector.restarts == [2, 0]
     assert sum("restarting worker 0" in str(w.message) for w in caught) == 2
