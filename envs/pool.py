@@ -174,7 +174,7 @@ class WorkerPool:
         try:
             for w in range(num_workers):
                 self._spawn(w)
-            self._start_up(list(range(num_workers)))
+            self._start_up(list(range(num_workers)), first=True)
         except BaseException:
             self.stop()
             raise
@@ -194,16 +194,19 @@ class WorkerPool:
         proc.start()
         child_conn.close()
 
-    def _start_up(self, workers: list[int]) -> None:
-        """The handshake with ``workers`` (just spawned; see ``protocol.py``). Workers that fail in it do not
-        stop the others' handshake; they are raised at the end, all of them in the error's ``failures``, and
-        the file descriptors sent to them and never fetched are closed."""
+    def _start_up(self, workers: list[int], first: bool = False) -> None:
+        """The handshake with ``workers`` (just spawned; see ``protocol.py``). On a restart, workers that fail
+        in it do not stop the others' handshake; they are raised at the end, all of them in the error's
+        ``failures``, and the file descriptors sent to them and never fetched are closed. On the ``first``
+        start, a worker that fails to build its envs ends the start-up at once (the pool is stopped)."""
         failures, infos, sent, replies = {}, {}, {}, {}
         for w in workers:
             try:
                 infos[w] = pickle.loads(self.receive(w, "construction", "hello"))
             except WorkerError as err:
                 failures[w] = err
+        if failures and first:
+            self._raise_failures(failures)
         payloads = self._handshake.setup(infos) if infos else {}
         for w in infos:
             before = _unfetched_fds()
