@@ -1,4 +1,4 @@
-"""Benchmark entries for this project's own ``envs`` / ``collectors``.
+"""Benchmark entries for this project's own ``tdcollect.envs`` / ``tdcollect.collectors``.
 
 They share the TorchRL-style runners in :mod:`benchmarks.tdstyle` and the
 anchors' signature ``run(workload, num_envs, num_workers, steps)``.  When
@@ -10,6 +10,7 @@ CLI skips them with a note.
 from __future__ import annotations
 
 import functools
+import importlib
 
 from . import tdstyle
 from .workloads import WORKLOADS
@@ -21,7 +22,7 @@ class SystemUnavailable(RuntimeError):
 
 def _import(module: str, attr: str):
     try:
-        mod = __import__(module)
+        mod = importlib.import_module(module)
     except Exception as exc:  # any import-time failure makes it unusable
         raise SystemUnavailable(f"`import {module}` failed: {exc!r}") from exc
     if not hasattr(mod, attr):

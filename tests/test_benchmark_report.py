@@ -37,3 +37,12 @@ def test_failed_rounds_are_counted_and_an_all_failed_point_keeps_its_error():
     merged = {r["system"]: r for r in aggregate(runs)}
     assert merged["ours"]["failed_rounds"] == 1 and merged["ours"]["vs_serial"] == pytest.approx(1.2)
     assert merged["broken"]["error"] == "RuntimeError('x')"
+
+
+def test_the_benchmark_finds_our_own_systems():
+    from benchmarks import ours
+    from tdcollect.collectors import MultiSyncCollector
+    from tdcollect.envs import ParallelEnv
+
+    assert ours._import("tdcollect.envs", "ParallelEnv") is ParallelEnv
+    assert ours._import("tdcollect.collectors", "MultiSyncCollector") is MultiSyncCollector
