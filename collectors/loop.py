@@ -77,8 +77,17 @@ class BatchLoop:
             fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
         return fake
 
+    def _rebind(self) -> None:
+        """The env was closed (and maybe started again) since the last batch: start it, reset it and bind to
+        its new buffers (its episodes start over)."""
+        self.env.start()
+        self.root = self.env.reset()
+        self.traj_steps[:] = 0
+        self._prepare_lean()
+
     def _prepare_lean(self) -> None:
         env = self.env
+        self._bound_root = env.root_buffer
         self.recorder = StepRecorder(env, self.storage)
         root = env.root_buffer
         root_set = set(self.recorder.root_keys)
@@ -104,7 +113,9 @@ class BatchLoop:
     def collect(self, random: bool = False) -> TensorDictBase:
         """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
         with self.grad_mode(), set_exploration_type(self.exploration_type):
-            if self.reset_at_each_iter and not self._first:
+            if self.lean and (self.env.is_closed or self.env.root_buffer is not self._bound_root):
+                self._rebind()
+            elif self.reset_at_each_iter and not self._first:
                 self.root = self.env.reset()
                 self.traj_steps[:] = 0
             step = self._lean_step if self.lean else self._generic_step

@@ -47,18 +47,23 @@ class AsyncParallelEnv(ParallelEnv):
             )
         super().__init__(num_workers, create_env_fn, create_env_kwargs, **kwargs)
         self.batch_workers = batch_workers
-        self._in_flight: list[int] = []  # workers sent a command, not yet received
-        self._received: set[int] = set()  # workers received and not yet sent
-        self._last_command = [RESET] * num_workers
         k = self.envs_per_worker
         self._slices = [slice(w * k, (w + 1) * k) for w in range(num_workers)]
-        # numpy views of the buffers, copied from per recv: (key, array, tensor dtype) for the root and "next"
+        self._observation_keys = set(self.full_observation_spec.keys(True, True))
+        self._single_action_spec = self._env_specs.action
+        self._action_checks = {}  # batch size -> {action key: value check}
+
+    def _bind_buffers(self, buffers: TensorDictBase) -> None:
+        """As for every batched env (at construction and at a restart after close), plus the numpy views
+        copied from per ``recv`` and the asynchronous state (nothing in flight)."""
+        super()._bind_buffers(buffers)
+        self._in_flight: list[int] = []  # workers sent a command, not yet received
+        self._received: set[int] = set()  # workers received and not yet sent
+        self._last_command = [RESET] * self.num_workers
+        # (key, array, tensor dtype) for the root and "next"
         self._root_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.root_buffer.items(True, True)]
         self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.next_buffer.items(True, True)]
-        self._observation_keys = set(self.full_observation_spec.keys(True, True))
         self._action_arrays = [numpy_view(buffer) for _, buffer in self.action_buffers]
-        self._single_action_spec = self._specs.action
-        self._action_checks = {}  # batch size -> {action key: value check}
 
     # ----------------------------------------------------------------- asynchronous API
     def async_reset(self) -> None:

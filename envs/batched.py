@@ -64,19 +64,25 @@ class BatchedEnv(EnvBase):
         self.full_reward_spec = specs.reward.expand(num_envs)
         self.full_done_spec = specs.done.expand(num_envs)
         self.check_actions = check_actions
-        self._buffers = buffers
+        self._env_specs = specs  # one env's, unbatched: a restart must build envs with the same
+        self._value_checks = {key: value_checker(self.full_action_spec[key])
+                              for key in self.full_action_spec.keys(True, True)}
+        self._bind_buffers(buffers)
+        self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
+
+    def _bind_buffers(self, buffers: TensorDictBase) -> None:
+        """Take ``buffers`` (see ``shared.py``) as this env's step buffers: at construction and at a restart."""
+        self._step_buffers = buffers  # not "_buffers": that name is nn.Module's (EnvBase is a Module)
         self._root = buffers.get("root")
         self._next = buffers.get("next")
         self._action_slots = [
             (key, buffers.get(("action", *key_tuple(key))), self.full_action_spec[key])
             for key in self.full_action_spec.keys(True, True)
         ]
-        self._value_checks = {key: value_checker(spec) for key, _, spec in self._action_slots}
-        self._next_done = self._next.get("done").numpy().reshape(num_envs)
+        self._next_done = self._next.get("done").numpy().reshape(self.num_envs)
         # envs that ended in the last step and whose reset observation already sits in the root buffer
-        self._pending_reset = np.zeros(num_envs, dtype=bool)
+        self._pending_reset = np.zeros(self.num_envs, dtype=bool)
         self.is_closed = False
-        self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
 
     # ----------------------------------------------------------------- hooks for subclasses
     def _run_step(self) -> None:
@@ -89,6 +95,10 @@ class BatchedEnv(EnvBase):
         raise NotImplementedError
 
     def _shutdown(self) -> None:
+        raise NotImplementedError
+
+    def _start_again(self) -> TensorDictBase:
+        """Build the envs (and workers) anew after ``close()``, with the same specs; returns new buffers."""
         raise NotImplementedError
 
     # ----------------------------------------------------------------- buffer API
@@ -271,7 +281,7 @@ class BatchedEnv(EnvBase):
         self.is_closed = True
         self._shutdown()
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
-        self._buffers = self._root = self._next = self._next_done = None
+        self._step_buffers = self._root = self._next = self._next_done = None
         self._action_slots = []
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 
@@ -289,7 +299,16 @@ class BatchedEnv(EnvBase):
 
     def _ensure_open(self) -> None:
         if self.is_closed:
-            raise RuntimeError(f"this {type(self).__name__} is closed; create a new one.")
+            self.start()
+
+    @_one_thread
+    def start(self) -> None:
+        """Start this env again if it was closed; a no-op while it is open. As with TorchRL's batched envs, a
+        closed env restarts by itself at its next ``reset`` / ``step`` / ``rollout`` (e.g. after TorchRL's
+        ``Collector`` closed it at ``total_frames``): fresh envs (and workers), the same specs, unseeded, to be
+        reset before they are stepped."""
+        if self.is_closed:
+            self._bind_buffers(self._start_again())
 
     def __del__(self):
         try:

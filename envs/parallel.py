@@ -29,8 +29,8 @@ class BufferHandshake:
         known = {} if self.specs is None else {"the first start's workers": self.specs}
         check_same_specs({**known, **{f"worker {w}": specs for w, specs in infos.items()}},
                          "All constructors of one ParallelEnv must build envs with the same specs.")
-        if self.specs is None:
-            self.specs = infos[min(infos)]
+        self.specs = self.specs or infos[min(infos)]
+        if self.buffers is None:  # the first start, or a start after close()
             self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
             self.reset_tensor = torch.zeros(self.num_envs, dtype=torch.bool).share_memory_()
         return {w: (self.buffers, self.reset_tensor) for w in infos}
@@ -98,14 +98,26 @@ class ParallelEnv(BatchedEnv):
         self.max_restarts = int(max_restarts)
         num_envs = num_workers * envs_per_worker
         self._handshake = handshake = BufferHandshake(num_envs)
-        self._pool = WorkerPool(
-            run_env_worker,
-            [(factory, envs_per_worker, w * envs_per_worker) for w, factory in enumerate(pickled)],
+        self._pool_arguments = dict(
+            target=run_env_worker,
+            args=[(factory, envs_per_worker, w * envs_per_worker) for w, factory in enumerate(pickled)],
             handshake=handshake, start_method=method, timeout=timeout, owner=owner, spin_s=spin_s,
         )
-        self._specs = handshake.specs
-        self._reset_mask = handshake.reset_tensor.numpy()
+        self._start_pool()
         super().__init__(handshake.specs, num_envs, handshake.buffers, check_actions=check_actions)
+
+    def _start_pool(self) -> None:
+        """Start the workers; the handshake leaves the shared buffers and the reset mask in ``_handshake``."""
+        try:
+            self._pool = WorkerPool(**self._pool_arguments)
+        except BaseException:
+            self._handshake.release()
+            raise
+        self._reset_mask = self._handshake.reset_tensor.numpy()
+
+    def _start_again(self):
+        self._start_pool()
+        return self._handshake.buffers
 
     # ----------------------------------------------------------------- commands
     def _run_step(self) -> None:

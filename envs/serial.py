@@ -9,6 +9,7 @@ from .batched import BatchedEnv
 from .factories import resolve_factories
 from .group import EnvGroup
 from .shared import allocate_buffers
+from .specs import check_same_specs
 
 
 class SerialEnv(BatchedEnv):
@@ -34,11 +35,24 @@ class SerialEnv(BatchedEnv):
         owner: str | None = None,
     ):
         owner = owner or "SerialEnv"
-        factories = resolve_factories(create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
-        self._group = EnvGroup(factories, owner=owner)
+        self._factories = resolve_factories(create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
+        self._group = EnvGroup(self._factories, owner=owner)
         buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
         self._group.bind(buffers)
         super().__init__(self._group.specs, num_envs, buffers, owner=owner)
+
+    def _start_again(self):
+        group = EnvGroup(self._factories, owner=self.owner)
+        try:
+            check_same_specs({"the first start's envs": self._env_specs, "the restarted envs": group.specs},
+                             "Constructors must build the same envs every time.")
+        except BaseException:
+            group.close()
+            raise
+        buffers = allocate_buffers(group.specs, self.num_envs, shared=False)
+        group.bind(buffers)
+        self._group = group
+        return buffers
 
     def _run_step(self) -> None:
         self._group.step()

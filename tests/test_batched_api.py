@@ -241,16 +241,39 @@ def test_public_step_does_not_alias_buffers(kind, no_leaks):
         assert torch.equal(first[:, 0], torch.tensor([1.0, 1.0]))
 
 
-def test_close_is_idempotent_and_blocks_use(kind, no_leaks):
-    env = make(kind, 2, cartpole)
+def test_close_is_idempotent_and_the_next_use_restarts(kind, no_leaks):
+    """TorchRL's semantics: a closed batched env starts again at its next reset / step / rollout."""
+    env = make(kind, 2, CountingEnv)
+    first_pids = getattr(env, "worker_pids", None)
+    env.rollout(3)
     env.close()
     env.close()
     assert env.is_closed
-    with pytest.raises(RuntimeError, match="closed"):
-        env.reset()
+    assert getattr(env, "worker_pids", []) == [] or kind == "serial"
+    td = env.reset()  # starts again: fresh envs (counting from 0)
+    assert not env.is_closed
+    assert td["observation"][:, 0].tolist() == [0.0, 0.0]
+    rollout = env.rollout(3, break_when_any_done=False)
+    assert rollout["next", "observation"][:, :, 0].tolist() == [[1.0, 2.0, 3.0]] * 2
+    if first_pids is not None:
+        assert len(env.worker_pids) == 2 and not set(env.worker_pids) & set(first_pids)
+    env.close()
+    env.start()
+    assert not env.is_closed
+    env.start()  # a no-op while open
+    env.close()
 
 
 def test_gym_make_with_kwargs(kind, no_leaks):
     with make(kind, 2, gym.make, create_env_kwargs={"id": "CartPole-v1", "max_episode_steps": 3}) as env:
         td = env.rollout(10, break_when_any_done=False)
         assert td["next", "truncated"][:, 2].all()
+
+
+def test_module_machinery_works_on_the_env(kind, no_leaks):
+    """EnvBase is an nn.Module: the step buffers must not take the place of the Module's own ``_buffers``."""
+    with make(kind, 2, cartpole) as env:
+        assert isinstance(dict(env.named_buffers()), dict)
+        env.state_dict()
+        assert env.to("cpu") is env
+        assert env.rollout(2).batch_size == (2, 2)

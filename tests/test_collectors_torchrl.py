@@ -70,3 +70,38 @@ def test_torchrl_collector_accepts_our_parallel_env(no_leaks):
     env.close()
     assert len(batches) == 2 and batches[0].numel() == 64
     assert ("next", "reward") in batches[0].keys(True, True)
+
+
+def test_torchrl_pipeline_evaluates_after_its_collector_closed_our_env(no_leaks):
+    """TorchRL's PPO tutorial pipeline: TorchRL's Collector closes the env at total_frames; the evaluation
+    rollout after training (or at the last batch) must restart it, as TorchRL's ParallelEnv does."""
+    from torchrl.collectors import Collector as TorchRLCollector
+    from torchrl.envs.utils import ExplorationType, check_env_specs, set_exploration_type
+
+    env = TransformedEnv(ParallelEnv(2, cartpole, envs_per_worker=2), StepCounter())
+    check_env_specs(env)
+    actor, _ = ppo_modules()
+    collector = TorchRLCollector(env, actor, frames_per_batch=64, total_frames=128)
+    for _ in collector:
+        pass
+    collector.shutdown()
+    with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
+        evaluation = env.rollout(50, actor)
+    assert evaluation["next", "reward"].shape[0] == 4 and evaluation["next", "step_count"].max() >= 1
+    assert not env.is_closed
+    env.close()
+
+
+def test_our_collector_rebinds_to_an_env_that_was_closed_and_restarted(no_leaks):
+    env = ParallelEnv(2, cartpole)
+    with Collector(env, None, frames_per_batch=20, total_frames=-1) as collector:
+        it = iter(collector)
+        first = next(it)
+        env.close()  # e.g. closed by other code; the next batch restarts it and steps the new workers
+        second = next(it)
+        assert not env.is_closed and second.batch_size == first.batch_size
+        assert torch.isfinite(second["next", "observation"]).all()
+        env.rollout(3)  # the env's own API still works beside the collector
+        third = next(it)
+        assert (third["observation"] != 0).any()
+    env.close()
