@@ -14,7 +14,7 @@ from torchrl.envs.utils import ExplorationType
 from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
-from tdcollect.envs.specs import check_same_specs
+from tdcollect.envs.specs import agreed_specs
 
 from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
 from .loop import DEFAULT_EXPLORATION_TYPE
@@ -38,10 +38,8 @@ class StorageHandshake:
         self.storages: dict[int, TensorDictBase] = {}
 
     def setup(self, infos: dict[int, tuple]) -> dict[int, int]:
-        known = {} if self.specs is None else {"the first start's workers": self.specs}
-        check_same_specs({**known, **{f"worker {w}": specs for w, (_, specs) in infos.items()}},
-                         "All workers of one MultiSyncCollector must build envs with the same specs.")
-        self.specs = self.specs or infos[min(infos)][1]
+        self.specs = agreed_specs(self.specs, {w: specs for w, (_, specs) in infos.items()},
+                                  "All workers of one MultiSyncCollector must build envs with the same specs.")
         infos = {w: n_envs for w, (n_envs, _) in infos.items()}
         if self.steps is None:
             self.envs_per_worker = [infos[w] for w in sorted(infos)]

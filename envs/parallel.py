@@ -12,7 +12,7 @@ from .factories import PickledFactory, resolve_factories
 from .pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from .protocol import RESET, STEP, run_env_worker
 from .shared import EnvSpecs, allocate_buffers
-from .specs import check_same_specs
+from .specs import agreed_specs
 
 
 class BufferHandshake:
@@ -26,10 +26,8 @@ class BufferHandshake:
         self.buffers = self.reset_tensor = None
 
     def setup(self, infos: dict[int, EnvSpecs]) -> dict:
-        known = {} if self.specs is None else {"the first start's workers": self.specs}
-        check_same_specs({**known, **{f"worker {w}": specs for w, specs in infos.items()}},
-                         "All constructors of one ParallelEnv must build envs with the same specs.")
-        self.specs = self.specs or infos[min(infos)]
+        self.specs = agreed_specs(self.specs, infos,
+                                  "All constructors of one ParallelEnv must build envs with the same specs.")
         if self.buffers is None:  # the first start, or a start after close()
             self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
             self.reset_tensor = torch.zeros(self.num_envs, dtype=torch.bool).share_memory_()

@@ -213,7 +213,6 @@ class WorkerPool:
             try:
                 self.conns[w].send(("setup", payloads[w]))
             except _PIPE_GONE:
-                self.procs[w].join(1.0)
                 failures[w] = self._death(w, "start-up")
             sent[w] = _unfetched_fds() - before
         for w in infos:
@@ -291,7 +290,6 @@ class WorkerPool:
                     raise failure
             kind, value = conn.recv()
         except _PIPE_GONE:
-            self.procs[w].join(1.0)
             raise self._death(w, during) from None
         if kind == "error":
             raise worker_error(w, value)
@@ -414,7 +412,10 @@ class WorkerPool:
         return None
 
     def _death(self, w: int, during: str) -> Exception:
+        """The error for worker ``w``, found dead (or whose pipe broke: it is given a second to exit, so that
+        its exit code is known)."""
         proc = self.procs[w]
+        proc.join(1.0)
         if proc.exitcode == MISSING_GUARD_EXIT:
             return MissingMainGuardError(_GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
         return WorkerDiedError(w, proc.pid, proc.exitcode, during)

@@ -120,6 +120,15 @@ def check_same_specs(specs: dict, advice: str) -> None:
             raise SpecMismatchError(f"{label} has other specs than {first}: {'; '.join(diffs)}. {advice}")
 
 
+def agreed_specs(first_start, infos: dict, advice: str):
+    """The specs every worker of a start-up must have: ``first_start`` (the specs of the first start's workers,
+    or None at the first start) or else the lowest worker's. ``infos``: ``{worker: specs}``; raises
+    :class:`~tdcollect.envs.errors.SpecMismatchError` when one differs."""
+    known = {} if first_start is None else {"the first start's workers": first_start}
+    check_same_specs({**known, **{f"worker {w}": specs for w, specs in infos.items()}}, advice)
+    return first_start or infos[min(infos)]
+
+
 def _key_name(key) -> str:
     return ".".join(key) if isinstance(key, tuple) else str(key)
 
