@@ -103,7 +103,8 @@ class BatchLoop:
         self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
 
     def set_seed(self, seed: int) -> None:
-        """Seed the envs (env i: ``seed + i``) and this process' torch RNG, and start fresh episodes."""
+        """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and this process' torch RNG
+        with ``seed``, and start fresh episodes."""
         self.env.set_seed(seed)
         torch.manual_seed(seed)
         self.root = self.env.reset()

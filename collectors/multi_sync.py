@@ -12,6 +12,7 @@ from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
 from tdcollect.envs.errors import WorkerError
+from tdcollect.envs.group import seed_chain
 from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 from tdcollect.envs.specs import agreed_specs
@@ -138,10 +139,12 @@ class MultiSyncCollector(CollectorBase):
         return list(self._pool.restarts)
 
     def set_seed(self, seed: int) -> None:
-        """Env i (counted over all workers) gets ``seed + i``, worker w's torch RNG ``seed + first env of w``;
+        """Env i (counted over all workers) gets the i-th seed of TorchRL's chain (``seed``,
+        ``seed_generator(seed)``, ...: see ``EnvGroup.set_seed``), worker w's torch RNG the seed of its first env;
         every episode restarts."""
+        seeds = seed_chain(seed, sum(self.envs_per_worker))
         firsts = [sum(self.envs_per_worker[:w]) for w in range(self.num_workers)]
-        self._pool.call("set_seed", [(seed + first,) for first in firsts])
+        self._pool.call("set_seed", [(seeds[first],) for first in firsts])
         self._restart_trajectories()
 
     def update_policy_weights_(self, policy_weights=None) -> None:

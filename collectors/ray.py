@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess that 
     ) from exc
 
 from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from tdcollect.envs.group import seed_chain
 from tdcollect.envs.protocol import error_report, worker_error
 
 from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
@@ -99,7 +100,7 @@ class RayCollectorWorker:
         return "ok", (batch, {**self._identity(), "version": self.version})
 
     def set_seed(self, seed: int, steps: int):
-        """Env i of this actor gets ``seed + i``, the actor's torch RNG ``seed``; episodes restart."""
+        """This actor's envs get TorchRL's seed chain from ``seed``, its torch RNG ``seed``; episodes restart."""
         if self.error is not None:
             return "error", self.error
         try:
@@ -321,10 +322,12 @@ class RayCollector(CollectorBase):
         self._restart_trajectories(range(first, first + self.envs_per_worker[w]))
 
     def set_seed(self, seed: int) -> None:
-        """Env i (counted over all actors) gets ``seed + i``, actor w's torch RNG ``seed + first env of w``;
-        every episode restarts. (An actor that Ray restarts later starts unseeded.)"""
+        """Env i (counted over all actors) gets the i-th seed of TorchRL's chain (``seed``,
+        ``seed_generator(seed)``, ...), actor w's torch RNG the seed of its first env; every episode restarts. (An
+        actor that Ray restarts later starts unseeded.)"""
+        seeds = seed_chain(seed, sum(self.envs_per_worker))
         firsts = [sum(self.envs_per_worker[:w]) for w in range(self.num_workers)]
-        self._call([actor.set_seed.remote(seed + first, self._steps)
+        self._call([actor.set_seed.remote(seeds[first], self._steps)
                     for actor, first in zip(self._actors, firsts)], "set_seed")
         self._restart_trajectories()
 

@@ -58,7 +58,8 @@ class Collector(CollectorBase):
         return self._loop.collect(random).clone()
 
     def set_seed(self, seed: int) -> None:
-        """Env i gets ``seed + i`` (episodes restart); the torch RNG is seeded with ``seed``."""
+        """Env i gets the i-th seed of TorchRL's chain (``seed``, ``seed_generator(seed)``, ...; episodes restart);
+        the torch RNG is seeded with ``seed``."""
         self._loop.set_seed(seed)
         self._restart_trajectories()
 

@@ -2,6 +2,8 @@
 ``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping)."""
 from .async_parallel import AsyncParallelEnv
 from .errors import (
+    ArgumentError,
+    ConstructorError,
     EnvWorkerError,
     MissingMainGuardError,
     SpecMismatchError,
@@ -24,6 +26,8 @@ __all__ = [
     "WorkerTimeoutError",
     "MissingMainGuardError",
     "SpecMismatchError",
+    "ArgumentError",
+    "ConstructorError",
     "DMLab2dEnv",
 ]
 

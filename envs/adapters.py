@@ -27,10 +27,11 @@ import warnings
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium import spaces
 from torchrl.envs import EnvBase
 
-from .shared import BufferViews, EnvSpecs
+from .shared import BufferViews, EnvSpecs, key_tuple
 from .specs import (
     DONE_KEYS,
     action_spec_from_space,
@@ -343,15 +344,12 @@ def _action_reader(space: spaces.Space):
 
 
 class TorchRLStepper:
-    """An unbatched TorchRL ``EnvBase``: its tensordicts are copied into the buffer views (each leaf's shape
-    checked first: ``update_`` would broadcast)."""
+    """A TorchRL ``EnvBase``, unbatched or batched (its rows in the buffers are then ``[*env.batch_size, ...]``):
+    its tensordicts are copied into the buffer views (each leaf's shape checked first: ``update_`` would
+    broadcast). Steps go through the env's ``step_and_maybe_reset``, so a batched env resets the elements that
+    ended as TorchRL does."""
 
     def __init__(self, env: EnvBase):
-        if env.batch_size != ():
-            raise ValueError(
-                f"the factory returned a TorchRL env with batch_size {tuple(env.batch_size)}; "
-                "return an unbatched env (batch_size []) and let envs_per_worker do the batching."
-            )
         self.env = env
         self.specs = EnvSpecs(
             observation=env.full_observation_spec.clone().cpu(),
@@ -378,7 +376,24 @@ class TorchRLStepper:
         self._check(self._state, self._root_shapes, "reset()")
         self._root.update_(self._state.select(*self._root_keys))
 
+    def reset_elements(self, mask: np.ndarray) -> None:
+        """Reset the elements of a batched env where ``mask`` (bool, ``prod(batch_size)`` flags) is True, through
+        the env's ``"_reset"`` entries; the other elements keep their state."""
+        state = self._root.clone() if self._state is None else self._state.clone()
+        flags = torch.from_numpy(mask.reshape(self.env.batch_size))
+        for key in self.env.reset_keys:  # each "_reset" has the shape of the done flags beside it
+            group = key_tuple(key)[:-1]
+            shape = next(self.env.full_done_spec[done].shape for done in self.env.done_keys
+                         if key_tuple(done)[:-1] == group)
+            view = flags.reshape(*flags.shape, *([1] * (len(shape) - flags.dim())))
+            state.set(key, view.expand(shape).clone())
+        self._state = self.env.reset(state)
+        self._check(self._state, self._root_shapes, "reset()")
+        self._root.update_(self._state.select(*self._root_keys))
+
     def step(self) -> None:
+        if self._state is None:  # stepped before any reset: the env starts from what the root buffer holds
+            self._state = self._root.clone()
         state = self._state.update(self._action.clone())
         stepped, self._state = self.env.step_and_maybe_reset(state)
         stepped_next = stepped.get("next")
@@ -394,8 +409,8 @@ class TorchRLStepper:
                 raise shape_error(self._env_index, call, key, expected, tuple(value.shape), family="torchrl")
 
     def close(self) -> None:
-        if not self.env.is_closed:
-            self.env.close()
+        # always called: a plain EnvBase subclass reports is_closed=True from its construction on
+        self.env.close(raise_if_closed=False)
 
 
 class DmEnvStepper:

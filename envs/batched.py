@@ -1,8 +1,9 @@
 """BatchedEnv: the TorchRL ``EnvBase`` face shared by SerialEnv and ParallelEnv.
 
-A subclass owns ``num_envs`` envs and implements four hooks: ``_run_step()``, ``_run_reset(mask)``,
-``_run_set_seeds(seeds)``, ``_shutdown()``. Everything else — specs, action checks, ``reset`` / ``step`` /
-``step_and_maybe_reset`` / ``rollout``, ``close`` — lives here.
+A subclass owns ``num_envs`` envs and implements six hooks: ``_run_step(mask)``, ``_run_reset(mask)``,
+``_run_set_seed(seed, static_seed)``, ``_run_env_attribute(...)``, ``_shutdown()`` and ``_start_again()``.
+Everything else — specs, action checks, ``reset`` / ``step`` / ``step_and_maybe_reset`` / ``rollout``, seeding,
+forwarding (``forwarding.py``), ``close`` — lives here.
 
 The step buffers (``shared.py``) belong to this class: no other module touches their internals. The lean
 loops (``rollout.py``, the collectors' loop, ``AsyncParallelEnv``) use the buffer API: ``root_buffer``,
@@ -23,8 +24,11 @@ import weakref
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from torchrl.data import OneHot
 from torchrl.envs import EnvBase
 
+from .factories import update_slot_kwargs
+from .forwarding import EnvAttribute
 from .rollout import policy_rollout, random_rollout
 from .shared import EnvSpecs, key_tuple
 from .specs import value_checker
@@ -51,24 +55,28 @@ def _one_thread(method):
 
 
 class BatchedEnv(EnvBase):
-    """``num_envs`` envs with one set of specs, batch size ``[num_envs]`` (see the module docstring)."""
+    """``num_envs`` envs with one set of specs, batch size ``[num_envs, *B]`` (``B``: one env's batch shape,
+    ``()`` unless the envs are batched TorchRL envs; see the module docstring). Done flags and resets are per
+    element of that batch (``num_envs * prod(B)`` of them, flattened in the masks below)."""
 
     def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool = True,
                  owner: str | None = None):
         self._in_use = threading.RLock()
-        super().__init__(batch_size=torch.Size([num_envs]), device=torch.device("cpu"))
+        super().__init__(batch_size=torch.Size([num_envs, *specs.batch_shape]), device=torch.device("cpu"))
         self.owner = owner or type(self).__name__  # who this env is to the user, in error messages
         self.num_envs = num_envs
-        self.full_observation_spec = specs.observation.expand(num_envs)
-        self.full_action_spec = specs.action.expand(num_envs)
-        self.full_reward_spec = specs.reward.expand(num_envs)
-        self.full_done_spec = specs.done.expand(num_envs)
+        self._elements = num_envs * specs.batch_numel
+        self.full_observation_spec = specs.observation.expand(num_envs, *specs.batch_shape)
+        self.full_action_spec = specs.action.expand(num_envs, *specs.batch_shape)
+        self.full_reward_spec = specs.reward.expand(num_envs, *specs.batch_shape)
+        self.full_done_spec = specs.done.expand(num_envs, *specs.batch_shape)
         self.check_actions = check_actions
         self._env_specs = specs  # one env's, unbatched: a restart must build envs with the same
         self._value_checks = {key: value_checker(self.full_action_spec[key])
                               for key in self.full_action_spec.keys(True, True)}
         self._bind_buffers(buffers)
         self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
+        self._forwarding = True  # from here on, unknown public attributes are looked up on the envs
 
     def _bind_buffers(self, buffers: TensorDictBase) -> None:
         """Take ``buffers`` (see ``shared.py``) as this env's step buffers: at construction and at a restart."""
@@ -79,19 +87,33 @@ class BatchedEnv(EnvBase):
             (key, buffers.get(("action", *key_tuple(key))), self.full_action_spec[key])
             for key in self.full_action_spec.keys(True, True)
         ]
-        self._next_done = self._next.get("done").numpy().reshape(self.num_envs)
-        # envs that ended in the last step and whose reset observation already sits in the root buffer
-        self._pending_reset = np.zeros(self.num_envs, dtype=bool)
+        done = self._next.get("done", None)
+        if done is not None and done.numel() == self._elements:  # one flag per element: a view, always current
+            self._next_done = done.numpy().reshape(self._elements)
+            self._done_leaves = None
+        else:  # only nested done keys (e.g. one per agent group): any of them, gathered after each step
+            names = [key for key in self.done_keys if key_tuple(key)[-1] == "done"] or self.done_keys
+            self._done_leaves = [self._next.get(key).numpy().reshape(self._elements, -1) for key in names]
+            self._next_done = np.zeros(self._elements, dtype=bool)
+        # elements that ended in the last step and whose reset observation already sits in the root buffer
+        self._pending_reset = np.zeros(self._elements, dtype=bool)
+        self._used = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
 
     # ----------------------------------------------------------------- hooks for subclasses
-    def _run_step(self) -> None:
+    def _run_step(self, mask: np.ndarray | None = None) -> None:
+        """Step every env, or those where ``mask`` (bool ``[num_envs]``) is True (leaving the others' rows)."""
         raise NotImplementedError
 
     def _run_reset(self, mask: np.ndarray | None) -> None:
         raise NotImplementedError
 
-    def _run_set_seeds(self, seeds: list[int]) -> None:
+    def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
+        """Seed the envs in order, chaining seeds (see ``EnvGroup.set_seed``); return the next seed."""
+        raise NotImplementedError
+
+    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None) -> list:
+        """``forwarding.resolve_on_env`` on every env, in env order."""
         raise NotImplementedError
 
     def _shutdown(self) -> None:
@@ -122,16 +144,25 @@ class BatchedEnv(EnvBase):
 
     @property
     def next_done(self) -> np.ndarray:
-        """bool ``[num_envs]``: which envs ended in the last step (a view of ``next_buffer["done"]``)."""
+        """bool ``[num_envs * prod(B)]``: which envs (elements of batched envs) ended in the last step (a view of
+        ``next_buffer["done"]``; with only nested done keys, any of them)."""
         return self._next_done
 
     @_one_thread
-    def step_buffers(self) -> None:
-        """Step every env with the actions in :attr:`action_buffers`; the results are in
-        :attr:`next_buffer` and :attr:`root_buffer` (where an env ended, it was reset, and a later
-        ``reset`` with a ``"_reset"`` mask covering it returns that observation without resetting it again)."""
-        self._run_step()
-        self.keep_pending_resets()
+    def step_buffers(self, mask: np.ndarray | None = None) -> None:
+        """Step every env (or, with ``mask``, bool ``[num_envs]``, those where it is True) with the actions in
+        :attr:`action_buffers`; the results are in :attr:`next_buffer` and :attr:`root_buffer` (where an env
+        ended, it was reset, and a later ``reset`` with a ``"_reset"`` mask covering it returns that observation
+        without resetting it again). With ``mask``, the rows of the other envs are left as they were."""
+        self._used = True
+        self._run_step(mask)
+        if self._done_leaves is not None:
+            np.logical_or.reduce([leaf.any(1) for leaf in self._done_leaves], out=self._next_done)
+        if mask is None:
+            self.keep_pending_resets()
+        else:
+            stepped = np.repeat(mask, self._elements // self.num_envs)
+            self._pending_reset[stepped] = self._next_done[stepped]
 
     def keep_pending_resets(self) -> None:
         """Remember which envs ended in the last step: their reset observation sits in the root buffer and
@@ -147,11 +178,8 @@ class BatchedEnv(EnvBase):
     @_one_thread
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         self._ensure_open()
-        mask = None
-        if tensordict is not None:
-            reset = tensordict.get("_reset", None)
-            if reset is not None:
-                mask = reset.reshape(self.num_envs).cpu().numpy().astype(bool)
+        self._used = True
+        mask = None if tensordict is None else self._reset_request(tensordict)
         if mask is None:
             self._run_reset(None)
             self._pending_reset[:] = False
@@ -162,9 +190,50 @@ class BatchedEnv(EnvBase):
             self._pending_reset[mask] = False
         return self._root.clone()
 
+    def _reset_request(self, tensordict: TensorDictBase) -> np.ndarray | None:
+        """The elements the ``"_reset"`` entries of ``tensordict`` ask to reset (any of them, when there are
+        several, e.g. one per agent group: the element is reset as a whole), or None without any."""
+        mask = None
+        for key in self.reset_keys:
+            reset = tensordict.get(key, None)
+            if reset is not None:
+                wanted = reset.reshape(self._elements, -1).any(1).cpu().numpy()
+                mask = wanted if mask is None else mask | wanted
+        return mask
+
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        self.step_in_place(tensordict)
-        return self._next.clone()
+        mask = self._partial_mask(tensordict)
+        self.step_in_place(tensordict, mask)
+        return self._next_output(tensordict, mask)
+
+    def _partial_mask(self, tensordict: TensorDictBase) -> np.ndarray | None:
+        """TorchRL's partial steps: the ``"_step"`` entry (bool, one per env) as a numpy mask, or None when
+        it is absent or selects every env."""
+        step = tensordict.get("_step", None)
+        if step is None:
+            return None
+        flags = step.cpu().numpy().astype(bool)
+        if flags.size not in (self.num_envs, self._elements):
+            raise ValueError(f'"_step" has {flags.size} entries but {self.owner} has {self.num_envs} envs '
+                             f"of {self._elements // self.num_envs} elements each.")
+        rows = flags.reshape(self.num_envs, -1)
+        if not (rows == rows[:, :1]).all():
+            raise ValueError(f'{self.owner}: a "_step" mask must select whole envs (all elements of a batched '
+                             "env, or none).")
+        mask = rows[:, 0]
+        return None if mask.all() else mask
+
+    def _next_output(self, tensordict: TensorDictBase, mask: np.ndarray | None) -> TensorDictBase:
+        """The caller's copy of the next buffer. After a partial step, the envs not stepped get what
+        TorchRL gives them: the input's values for the keys it holds (observation, done flags), zeros for
+        the others (reward)."""
+        out = self._next.clone()
+        if mask is not None:
+            idle = torch.from_numpy(~mask)
+            for key in out.keys(True, True):
+                value = tensordict.get(key, None)
+                out.get(key)[idle] = 0 if value is None else value[idle].to(out.get(key).dtype)
+        return out
 
     @_one_thread
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
@@ -174,10 +243,11 @@ class BatchedEnv(EnvBase):
         done flags: the terminal observation where an env ended) and the root for the next action (the
         reset observation where an env ended, with the input's other keys carried over).
         """
-        self.step_in_place(tensordict)
+        mask = self._partial_mask(tensordict)
+        self.step_in_place(tensordict, mask)
         self._pending_reset[:] = False
-        tensordict.set("next", self._next.clone())
-        next_root = tensordict.exclude("next", *self.action_keys, *self.reward_keys)
+        tensordict.set("next", self._next_output(tensordict, mask))
+        next_root = tensordict.exclude("next", "_step", *self.action_keys, *self.reward_keys)
         if any(isinstance(value, TensorDictBase) for value in next_root.values()):
             # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
             # nested entries leaves the step just returned intact (leaves stay shared)
@@ -186,11 +256,12 @@ class BatchedEnv(EnvBase):
         return tensordict, next_root
 
     @_one_thread
-    def step_in_place(self, tensordict: TensorDictBase) -> None:
-        """The lean step: copy the actions in (checked), step every env, leave the results in the buffers."""
+    def step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None = None) -> None:
+        """The lean step: copy the actions in (checked), step every env (or those where ``mask`` is True),
+        leave the results in the buffers."""
         self._ensure_open()
         self.write_actions(tensordict)
-        self.step_buffers()
+        self.step_buffers(mask)
 
     @_one_thread
     def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
@@ -219,13 +290,13 @@ class BatchedEnv(EnvBase):
                     f"the input tensordict has no {key!r} entry; {self.owner} expects one of "
                     f"shape {expected} and dtype {buffer.dtype}."
                 )
-            if tuple(value.shape) != expected or value.dtype != buffer.dtype:
+            if tuple(value.shape) != expected:
                 raise ValueError(
-                    f"{key!r} has shape {tuple(value.shape)} and dtype {value.dtype}, but "
-                    f"{self.owner} expects shape {expected} ({n} envs x "
-                    f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: "
-                    f"{type(spec).__name__}."
+                    f"{key!r} has shape {tuple(value.shape)}, but {self.owner} expects shape {expected} ({n} envs x "
+                    f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: {type(spec).__name__}."
                 )
+            if value.dtype != buffer.dtype:
+                value = self._cast_action(key, value, buffer.dtype, check)
             if check and not value_checks[key](value):
                 raise ValueError(
                     f"{key!r} holds values outside its spec ({_bounds(spec)}"
@@ -235,18 +306,68 @@ class BatchedEnv(EnvBase):
             values.append(value)
         return values
 
+    def _cast_action(self, key, value: torch.Tensor, dtype: torch.dtype, check: bool) -> torch.Tensor:
+        """``value`` cast to the action spec's ``dtype`` (as TorchRL's envs do). When ``check``, a cast from
+        floating point to integers or bools must keep every value (``1.0`` -> ``1``; ``0.7`` raises
+        ``ValueError``): truncating a policy's output would send other actions than it chose."""
+        cast = value.to(dtype)
+        if check and value.dtype.is_floating_point and not dtype.is_floating_point:
+            if not torch.equal(cast.to(value.dtype), value):
+                raise ValueError(
+                    f"{key!r} has dtype {value.dtype} with non-integral values, but the action spec's dtype is "
+                    f"{dtype}: casting would change the actions. Round or sample them as {dtype} (e.g. "
+                    "action_spec.rand()), or pass check_actions=False to cast as torch does."
+                )
+        return cast
+
     @_one_thread
-    def _set_seed(self, seed: int | None) -> None:
-        """Env ``i`` is seeded with ``seed + i`` at its next reset."""
+    def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
+        """Seed the envs as TorchRL's ``SerialEnv`` / ``ParallelEnv`` do: env 0 gets ``seed``, env ``i + 1`` the
+        seed its predecessor returned (``seed_generator(seed)``, or the same seed with ``static_seed``). A TorchRL
+        env is seeded at once through its own ``set_seed``; a gymnasium / dm_env env at its next reset. Returns
+        the seed for an env created after these (as ``EnvBase.set_seed``)."""
         self._ensure_open()
-        if seed is not None:
-            self._run_set_seeds([int(seed) + i for i in range(self.num_envs)])
+        self._used = True
+        return self._run_set_seed(None if seed is None else int(seed), static_seed)
+
+    def _set_seed(self, seed: int | None) -> None:
+        self.set_seed(seed)
+
+    # ----------------------------------------------------------------- forwarding (see forwarding.py)
+    def env_attribute(self, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None) -> list:
+        """``action`` (``"has"``, ``"get"`` or ``"call"``) on the attribute ``path`` of every env; one result per
+        env, in env order. ``env.name`` on this env returns a :class:`~tdcollect.envs.forwarding.EnvAttribute`
+        that calls this."""
+        self._ensure_open()
+        return self._run_env_attribute(tuple(path), action, tuple(args), kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
+        except AttributeError:
+            if name.startswith("_") or not self.__dict__.get("_forwarding", False):
+                raise
+        if not self.env_attribute((name,), "has")[0]:
+            raise AttributeError(f"neither {type(self).__name__} nor its envs have an attribute {name!r}.")
+        return EnvAttribute(self, (name,))
+
+    def update_kwargs(self, kwargs: dict | list[dict]) -> None:
+        """Update the constructors' keyword arguments: one dict for every env slot, or a list with one per slot
+        (``len(kwargs) and num_workers mismatch`` otherwise). They apply when the envs are built next: at once if
+        this env was not reset, stepped nor seeded since it started (as TorchRL's envs, which start lazily), else
+        at its next start after ``close()``."""
+        update_slot_kwargs(self.create_env_kwargs, kwargs, "num_workers")
+        if not self.is_closed and not self._used:
+            self.close()
+            self.start()
 
     @_one_thread
     def rollout(self, max_steps: int, policy=None, callback=None, *, auto_reset: bool = True,
                 break_when_any_done: bool | None = None, break_when_all_done: bool | None = None,
                 tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
-        """Like ``EnvBase.rollout``: a TensorDict of batch ``[num_envs, steps]`` (time last).
+        """Like ``EnvBase.rollout``: a TensorDict of batch ``[num_envs, steps]`` (time last, its dim named
+        ``"time"``). With ``auto_reset=False`` the rollout starts from ``tensordict``, which receives the first step
+        (its action and ``"next"``), as with ``EnvBase.rollout``.
 
         Without a callback and the rarer options (``out``, ``set_truncated``, ``actions``) it takes a lean
         path: random actions are drawn from ``action_spec`` all at once and every step is copied into
@@ -271,6 +392,9 @@ class BatchedEnv(EnvBase):
             out = random_rollout(self, root, max_steps, break_when_any_done)
         else:
             out = policy_rollout(self, root, policy, max_steps, break_when_any_done)
+        if not auto_reset:
+            tensordict.update(out[..., 0])  # as EnvBase.rollout: the input becomes the first step
+        out.refine_names(..., "time")
         return out if storing_device is None else out.to(storing_device)
 
     # ----------------------------------------------------------------- closing
@@ -325,6 +449,8 @@ class BatchedEnv(EnvBase):
 
 
 def _bounds(spec) -> str:
+    if isinstance(spec, OneHot):
+        return f"one-hot rows of {spec.shape[-1]} zeros and ones, at most one 1 per row"
     space = getattr(spec, "space", None)
     n = getattr(space, "n", None)
     if n is not None:

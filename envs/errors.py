@@ -65,8 +65,19 @@ class MissingMainGuardError(RuntimeError):
     """Workers started with spawn/forkserver re-ran the script's top level, which creates the env again."""
 
 
-class SpecMismatchError(ValueError):
-    """Envs built by the factories disagree on their specs."""
+class SpecMismatchError(ValueError, RuntimeError):
+    """Envs built by the factories disagree on their specs. (A ``RuntimeError`` too, as TorchRL's batched envs
+    raise for the same fault.)"""
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """A batched env or collector was given an argument it cannot use; raised before anything starts. (A
+    ``RuntimeError`` too, as TorchRL's batched envs raise for the same faults.)"""
+
+
+class ConstructorError(TypeError, RuntimeError):
+    """What was passed as an env constructor cannot build envs in a worker (an env instance, something not
+    callable, a constructor that cannot be pickled)."""
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -9,6 +9,8 @@ import cloudpickle
 import gymnasium as gym
 from torchrl.envs import EnvBase
 
+from .errors import ArgumentError, ConstructorError
+
 _NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot")
 
 
@@ -23,45 +25,82 @@ def resolve_factories(
 
     ``create_env_fn``: one callable for all slots or a list of ``count`` callables.
     ``create_env_kwargs``: one dict for all slots or a list of ``count`` dicts.
-    Raises ``TypeError`` / ``ValueError`` (in the calling process, before anything starts).
+    Raises :class:`~tdcollect.envs.errors.ConstructorError` / :class:`~tdcollect.envs.errors.ArgumentError` (in
+    the calling process, before anything starts).
     """
+    return bind_kwargs(*constructors_and_kwargs(create_env_fn, count, create_env_kwargs, owner, count_name))
+
+
+def constructors_and_kwargs(
+    create_env_fn: Callable | Sequence[Callable],
+    count: int,
+    create_env_kwargs: dict | Sequence[dict] | None,
+    owner: str,
+    count_name: str,
+) -> tuple[list[Callable], list[dict]]:
+    """The checks of :func:`resolve_factories`; returns ``count`` constructors and ``count`` kwargs dicts (new
+    dicts: updating one leaves the caller's and the other slots' alone)."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(f"{owner} needs {count_name} >= 1 (an int), got {count!r}.")
+        raise ArgumentError(f"{owner} needs {count_name} >= 1 (an int), got {count!r}.")
     fns = _per_slot(create_env_fn, count, owner, count_name, "create_env_fn")
     kwargs = _per_slot(create_env_kwargs or {}, count, owner, count_name, "create_env_kwargs")
     for fn in fns:
         check_factory(fn, owner)
     for kw in kwargs:
         if not isinstance(kw, dict):
-            raise TypeError(f"{owner}: create_env_kwargs must be a dict or a list of dicts, got {kw!r}.")
+            raise ArgumentError(f"{owner}: create_env_kwargs must be a dict or a list of dicts, got {kw!r}.")
+    return fns, [dict(kw) for kw in kwargs]
+
+
+def bind_kwargs(fns: Sequence[Callable], kwargs: Sequence[dict]) -> list[Callable[[], Any]]:
+    """Zero-argument constructors: ``fns[i]`` called with ``kwargs[i]``."""
     return [functools.partial(fn, **kw) if kw else fn for fn, kw in zip(fns, kwargs)]
+
+
+def update_slot_kwargs(current: list[dict], update: dict | Sequence[dict], count_name: str) -> None:
+    """Update ``current`` (one kwargs dict per slot) in place with ``update``: one dict for every slot, or one
+    per slot (:class:`~tdcollect.envs.errors.ArgumentError` when the lengths differ)."""
+    if isinstance(update, dict):
+        for kw in current:
+            kw.update(update)
+        return
+    update = list(update)
+    if len(update) != len(current):
+        raise ArgumentError(
+            f"len(kwargs) and {count_name} mismatch: got {len(update)} kwargs dicts for {len(current)} slots; pass "
+            "one dict for every slot or one per slot."
+        )
+    for kw, new in zip(current, update):
+        kw.update(new)
 
 
 def _per_slot(value, count, owner, count_name, arg_name):
     if isinstance(value, (list, tuple)):
         if len(value) != count:
-            raise ValueError(
-                f"{owner}: {arg_name} is a list of {len(value)} items but {count_name} is {count}; "
-                "give one item per slot or a single one for all."
+            raise ArgumentError(
+                f"{owner}: len({arg_name}) and {count_name} mismatch: {arg_name} is a list of {len(value)} items "
+                f"but {count_name} is {count}; give one item per slot or a single one for all."
             )
         return list(value)
     return [value] * count
 
 
 def check_factory(fn: Any, owner: str = "ParallelEnv") -> None:
-    """Raise ``TypeError`` unless ``fn`` is a constructor (and not an env instance); the message shows a call
-    of ``owner`` that would work (see :func:`example_calls`)."""
+    """Raise :class:`~tdcollect.envs.errors.ConstructorError` (a ``TypeError``) unless ``fn`` is a constructor
+    (and not an env instance); the message shows a call of ``owner`` that would work (see :func:`example_calls`)."""
     if _is_env_instance(fn):
         name = type(fn).__name__
         make = _remake_expression(fn)
-        raise TypeError(
+        raise ConstructorError(
             f"{owner} takes a function that builds an env, not an env instance (got a {name} object). "
             "An instance lives in this process and often cannot be copied to another one; pass a "
             f"constructor and the env is built where it runs, e.g. {example_calls(owner, make)}."
         )
     if not callable(fn):
         example = example_calls(owner, "gymnasium.make('CartPole-v1')")
-        raise TypeError(f"{owner} takes a callable that builds an env, got {type(fn).__name__} {fn!r}; e.g. {example}.")
+        raise ConstructorError(
+            f"{owner} takes a callable that builds an env, got {type(fn).__name__} {fn!r}; e.g. {example}."
+        )
 
 
 #: How each owner takes its constructors: the count first (``ParallelEnv(4, make)``), or keyword-only
@@ -121,7 +160,7 @@ class PickledFactory:
         try:
             self.payload = cloudpickle.dumps(fn)
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
-            raise TypeError(
+            raise ConstructorError(
                 f"{owner}: the constructor for {slot} cannot be sent to a worker process "
                 f"({type(exc).__name__}: {exc}). A constructor must not capture live env or engine "
                 "objects; create them inside the function instead."
@@ -129,3 +168,27 @@ class PickledFactory:
 
     def __call__(self):
         return cloudpickle.loads(self.payload)()
+
+
+#: TorchRL batched-env arguments that change nothing here: the buffers are always shared memory, allocated once
+#: and written in place; outputs are new CPU tensors; metadata always comes from the workers' envs.
+IGNORED_TORCHRL_OPTIONS = frozenset({
+    "pin_memory", "share_individual_td", "shared_memory", "policy_proof", "allow_step_when_done", "non_blocking",
+    "use_buffers", "metadata_from_workers", "consolidate", "memmap",
+})
+
+
+def check_torchrl_options(owner: str, device, options: dict) -> None:
+    """Accept TorchRL's batched-env arguments that this package honours by construction (see
+    :data:`IGNORED_TORCHRL_OPTIONS`); raise :class:`~tdcollect.envs.errors.ArgumentError` for an unknown argument,
+    ``memmap=True`` and a device other than the CPU."""
+    unknown = sorted(set(options) - IGNORED_TORCHRL_OPTIONS)
+    if unknown:
+        raise ArgumentError(f"{owner} got unexpected keyword arguments {unknown}.")
+    if options.get("memmap"):
+        raise ArgumentError(f"{owner}: memmap=True is not supported; the buffers are shared memory.")
+    if device is not None and str(device) != "cpu":
+        raise ArgumentError(
+            f"{owner} runs its envs and returns its data on the CPU (device={device!r} was asked for); move the data "
+            "with torchrl.envs.TransformedEnv(env, DeviceCastTransform(device)) or in the policy."
+        )

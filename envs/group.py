@@ -10,10 +10,21 @@ from typing import Any
 
 import numpy as np
 from tensordict import TensorDictBase
+from torchrl._utils import seed_generator
 
-from .adapters import block_stepper, make_stepper
+from .adapters import TorchRLStepper, block_stepper, make_stepper
+from .forwarding import resolve_on_env
 from .shared import BufferViews, EnvSpecs
 from .specs import check_same_specs
+
+
+def seed_chain(seed: int, count: int) -> list[int]:
+    """The first ``count`` seeds of TorchRL's chain: ``seed``, ``seed_generator(seed)``, ... (env ``i`` of a batched
+    env seeded with ``seed`` gets the ``i``-th, see :meth:`EnvGroup.set_seed`)."""
+    seeds = [seed]
+    while len(seeds) < count:
+        seeds.append(seed_generator(seeds[-1]))
+    return seeds[:count]
 
 
 class EnvGroup:
@@ -47,25 +58,45 @@ class EnvGroup:
             stepper.bind(views, i)
         self._block = block_stepper(self.steppers, views)
 
-    def set_seeds(self, seeds: Sequence[int]) -> None:
-        """Seeds used by each env's next reset (then forgotten: later resets continue its RNG)."""
-        self._seeds = list(seeds)
+    def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
+        """Seed the envs one after the other as TorchRL's batched envs do: the first gets ``seed``, each next one
+        the seed returned for the previous (``seed_generator(seed)``, or ``seed`` itself with ``static_seed``).
+        A TorchRL env is seeded now with its ``set_seed``; any other env at its next reset (then forgotten: later
+        resets continue its RNG). Returns the seed for an env after these."""
+        for i, stepper in enumerate(self.steppers):
+            if isinstance(stepper, TorchRLStepper):
+                seed = stepper.env.set_seed(seed, static_seed=static_seed)
+                continue
+            self._seeds[i] = seed
+            if seed is not None and not static_seed:
+                seed = seed_generator(seed)
+        return seed
+
+    def env_attribute(self, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None) -> list:
+        """:func:`~tdcollect.envs.forwarding.resolve_on_env` on every env: one result per env."""
+        return [resolve_on_env(stepper.env, path, action, args, kwargs) for stepper in self.steppers]
 
     def reset(self, mask: np.ndarray | None = None) -> None:
-        """Reset every env (``mask is None``) or those where ``mask`` (bool ``[k]``) is True."""
+        """Reset every env (``mask is None``) or the elements where ``mask`` (bool ``[k, prod(B)]``, one row per
+        env; ``B`` is ``()`` unless the envs are batched TorchRL envs) is True: an env whose whole row is True is
+        reset (seeded if a seed is pending), a batched env with only some elements True resets those."""
         for i, stepper in enumerate(self.steppers):
-            if mask is None or mask[i]:
+            if mask is None or mask[i].all():
                 stepper.reset(self._seeds[i])
                 self._seeds[i] = None
+            elif mask[i].any():
+                stepper.reset_elements(mask[i])
 
-    def step(self) -> None:
-        """Step every env with its row of the action buffer (auto-resetting the ones that end); as one block
-        when the envs allow it (see ``adapters.block_stepper``)."""
-        if self._block is not None:
+    def step(self, mask: np.ndarray | None = None) -> None:
+        """Step every env (``mask is None``) or those where ``mask`` (bool ``[k]``) is True, with its row of the
+        action buffer (auto-resetting the ones that end); all of them as one block when the envs allow it (see
+        ``adapters.block_stepper``). The rows of envs not stepped are left as they are."""
+        if mask is None and self._block is not None:
             self._block.step()
             return
-        for stepper in self.steppers:
-            stepper.step()
+        for i, stepper in enumerate(self.steppers):
+            if mask is None or mask[i]:
+                stepper.step()
 
     def close(self) -> None:
         for stepper in self.steppers:

@@ -7,10 +7,10 @@ import numpy as np
 import torch
 
 from .batched import BatchedEnv
-from .errors import WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
-from .factories import PickledFactory, resolve_factories
+from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
+from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
-from .protocol import RESET, STEP, run_env_worker
+from .protocol import PARTIAL_STEP, RESET, STEP, run_env_worker
 from .shared import EnvSpecs, allocate_buffers
 from .specs import agreed_specs
 
@@ -23,22 +23,23 @@ class BufferHandshake:
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
         self.specs: EnvSpecs | None = None
-        self.buffers = self.reset_tensor = None
+        self.buffers = self.reset_tensor = self.step_tensor = None
 
     def setup(self, infos: dict[int, EnvSpecs]) -> dict:
         self.specs = agreed_specs(self.specs, infos,
                                   "All constructors of one ParallelEnv must build envs with the same specs.")
         if self.buffers is None:  # the first start, or a start after close()
             self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
-            self.reset_tensor = torch.zeros(self.num_envs, dtype=torch.bool).share_memory_()
-        return {w: (self.buffers, self.reset_tensor) for w in infos}
+            self.reset_tensor = torch.zeros(self.num_envs, self.specs.batch_numel, dtype=torch.bool).share_memory_()
+            self.step_tensor = torch.zeros(self.num_envs, dtype=torch.bool).share_memory_()
+        return {w: (self.buffers, self.reset_tensor, self.step_tensor) for w in infos}
 
     def ready(self, replies: dict) -> None:
         pass
 
     def release(self) -> None:
         """Drop the buffers, so that their shared memory (and its file descriptors) is freed."""
-        self.buffers = self.reset_tensor = None
+        self.buffers = self.reset_tensor = self.step_tensor = None
 
 
 class ParallelEnv(BatchedEnv):
@@ -69,6 +70,15 @@ class ParallelEnv(BatchedEnv):
     last two the env is closed.
     """
 
+    def __new__(cls, num_workers: int = 1, *args, serial_for_single: bool = False, **kwargs):
+        if serial_for_single and num_workers == 1:  # TorchRL's option: one env needs no worker process
+            from .serial import SerialEnv
+
+            create_env_fn = args[0] if args else kwargs.pop("create_env_fn")
+            create_env_kwargs = args[1] if len(args) > 1 else kwargs.pop("create_env_kwargs", None)
+            return SerialEnv(1, create_env_fn, create_env_kwargs, check_actions=kwargs.get("check_actions", True))
+        return super().__new__(cls)
+
     def __init__(
         self,
         num_workers: int,
@@ -81,54 +91,90 @@ class ParallelEnv(BatchedEnv):
         check_actions: bool = True,
         max_restarts: int = 0,
         spin_s: float | None = None,
+        device=None,
+        num_threads: int | None = None,
+        num_sub_threads: int = 1,
+        serial_for_single: bool = False,
+        daemon: bool = False,
+        shutdown_timeout: float = 2.0,
+        **torchrl_options,
     ):
         exit_if_bootstrapping()
         owner = type(self).__name__
-        factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
+        check_torchrl_options(owner, device, torchrl_options)
+        fns, kwargs = constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
-            raise ValueError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
+            raise ArgumentError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
+        for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ArgumentError(f"{owner}: {name} must be an int >= 1, got {value!r}.")
         method = resolve_start_method(mp_start_method)
-        pickled = [PickledFactory(fn, owner, f"worker {w}") for w, fn in enumerate(factories)]
+        self.create_env_fn, self.create_env_kwargs = fns, kwargs
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
-        self.start_method = method
+        self.start_method = self._mp_start_method = method
         self.timeout = float(timeout)
         self.max_restarts = int(max_restarts)
+        self.num_threads, self.num_sub_threads = num_threads, num_sub_threads
+        self.serial_for_single, self.daemon = serial_for_single, daemon
         num_envs = num_workers * envs_per_worker
-        self._handshake = handshake = BufferHandshake(num_envs)
-        self._pool_arguments = dict(
-            target=run_env_worker,
-            args=[(factory, envs_per_worker, w * envs_per_worker) for w, factory in enumerate(pickled)],
-            handshake=handshake, start_method=method, timeout=timeout, owner=owner, spin_s=spin_s,
-        )
+        self._handshake = BufferHandshake(num_envs)
+        self._pool_options = dict(start_method=method, timeout=timeout, owner=owner, spin_s=spin_s, daemon=daemon,
+                                  shutdown_timeout=shutdown_timeout)
+        self._threads_taken = 0
         self._start_pool()
-        super().__init__(handshake.specs, num_envs, handshake.buffers, check_actions=check_actions)
+        try:
+            super().__init__(self._handshake.specs, num_envs, self._handshake.buffers, check_actions=check_actions)
+        except BaseException:
+            self._shutdown()
+            raise
 
     def _start_pool(self) -> None:
-        """Start the workers; the handshake leaves the shared buffers and the reset mask in ``_handshake``."""
+        """Start the workers with the current constructors and kwargs (see ``update_kwargs``); the handshake
+        leaves the shared buffers and the reset mask in ``_handshake``. As TorchRL's ParallelEnv, this process
+        then runs ``num_threads`` torch threads (default: its current count less one per worker, at least 1),
+        given back when the workers stop."""
+        owner, k = type(self).__name__, self.envs_per_worker
+        pickled = [PickledFactory(fn, owner, f"worker {w}")
+                   for w, fn in enumerate(bind_kwargs(self.create_env_fn, self.create_env_kwargs))]
+        args = [(factory, k, w * k, self.num_sub_threads) for w, factory in enumerate(pickled)]
         try:
-            self._pool = WorkerPool(**self._pool_arguments)
+            self._pool = WorkerPool(run_env_worker, args, handshake=self._handshake, **self._pool_options)
         except BaseException:
             self._handshake.release()
             raise
-        self._reset_mask = self._handshake.reset_tensor.numpy()
+        self._reset_mask = self._handshake.reset_tensor.numpy().reshape(-1)  # one flag per element
+        self._step_mask = self._handshake.step_tensor.numpy()
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads or max(1, before - self.num_workers))
+        self._threads_taken = before - torch.get_num_threads()
 
     def _start_again(self):
         self._start_pool()
         return self._handshake.buffers
 
     # ----------------------------------------------------------------- commands
-    def _run_step(self) -> None:
-        self._run(self._pool.run, STEP)
+    def _run_step(self, mask: np.ndarray | None = None) -> None:
+        if mask is None:
+            self._run(self._pool.run, STEP)
+            return
+        self._step_mask[:] = mask
+        per_worker = mask.reshape(self.num_workers, self.envs_per_worker).any(1)
+        self._run(self._pool.run, PARTIAL_STEP, np.flatnonzero(per_worker).tolist())
 
     def _run_reset(self, mask: np.ndarray | None) -> None:
         self._reset_mask[:] = True if mask is None else mask
-        per_worker = self._reset_mask.reshape(self.num_workers, self.envs_per_worker).any(1)
+        per_worker = self._reset_mask.reshape(self.num_workers, -1).any(1)
         self._run(self._pool.run, RESET, np.flatnonzero(per_worker).tolist())
 
-    def _run_set_seeds(self, seeds: list[int]) -> None:
-        k = self.envs_per_worker
-        self._run(self._pool.call, "set_seeds", [(seeds[w * k : (w + 1) * k],) for w in range(self.num_workers)])
+    def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
+        for w in range(self.num_workers):  # one worker after the other: each one's envs chain the seed on
+            seed = self._run(self._pool.call, "set_seed", [(seed, static_seed)], [w])[0]
+        return seed
+
+    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None) -> list:
+        per_worker = self._run(self._pool.call, "env_attribute", [(path, action, args, kwargs)] * self.num_workers)
+        return [value for values in per_worker for value in values]
 
     def _run(self, fn, *args):
         """Run a pool command. Failed workers are replaced while ``max_restarts`` allows (then the command's
@@ -137,7 +183,7 @@ class ParallelEnv(BatchedEnv):
         try:
             return fn(*args)
         except WorkerError as err:
-            self._recover(err, stepping=fn == self._pool.run and args[0] == STEP)
+            self._recover(err, stepping=fn == self._pool.run and args[0] in (STEP, PARTIAL_STEP))
         except KeyboardInterrupt:
             self.close()
             raise
@@ -153,10 +199,9 @@ class ParallelEnv(BatchedEnv):
                 if workers is None:
                     break
                 replaced.update(workers)
-                k = self.envs_per_worker
-                self._reset_mask[:] = False
-                for w in replaced:
-                    self._reset_mask[w * k : (w + 1) * k] = True
+                rows = self._reset_mask.reshape(self.num_workers, -1)  # a view: the worker's elements
+                rows[:] = False
+                rows[sorted(replaced)] = True
                 self._pool.run(RESET, sorted(replaced))
             except WorkerError as again:
                 err = again
@@ -165,7 +210,7 @@ class ParallelEnv(BatchedEnv):
                 self.close()
                 raise
             if stepping:
-                self._write_restarted_step(torch.as_tensor(self._reset_mask))
+                self._write_restarted_step(torch.as_tensor(self._reset_mask).reshape(self.batch_size))
             return
         self._close_if_fatal(err)
         raise err
@@ -192,8 +237,10 @@ class ParallelEnv(BatchedEnv):
 
     def _shutdown(self) -> None:
         self._pool.stop()
-        self._reset_mask = None
+        self._reset_mask = self._step_mask = None
         self._handshake.release()
+        torch.set_num_threads(max(1, torch.get_num_threads() + self._threads_taken))
+        self._threads_taken = 0
 
     @property
     def worker_pids(self) -> list[int]:

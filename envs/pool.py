@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -55,7 +54,9 @@ creates envs must sit under a main guard:
 Or pass mp_start_method="fork" (Linux, the default there), which does not re-run the script."""
 
 
-_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+#: every pool started and not yet stopped (held strongly: a pool whose owner failed half-way through its own
+#: construction, or was dropped without closing, must still be stopped at exit)
+_LIVE_POOLS: set = set()
 
 
 def _stop_live_pools() -> None:
@@ -149,8 +150,11 @@ class WorkerPool:
     """``num_workers`` processes running ``target(channel, *args[w])``, each started with ``handshake``."""
 
     def __init__(self, target: Callable, args: list[tuple], *, handshake: Handshake, start_method: str,
-                 timeout: float, owner: str, spin_s: float | None = None):
+                 timeout: float, owner: str, spin_s: float | None = None, daemon: bool = False,
+                 shutdown_timeout: float = 2.0):
         self.owner = owner
+        self.daemon = bool(daemon)
+        self.shutdown_timeout = float(shutdown_timeout)
         self.spin_s = resolve_spin_s(spin_s, len(args))
         self.start_method = start_method
         self.timeout = float(timeout)
@@ -189,7 +193,7 @@ class WorkerPool:
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w], self._command_tensor,
                                 self._status_tensor, self.spin_s, self._any_done, die_with_parent)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
-                               name=f"{self.owner}-worker-{w}", daemon=False)
+                               name=f"{self.owner}-worker-{w}", daemon=self.daemon)
         self.procs[w], self.conns[w] = proc, parent_conn
         proc.start()
         child_conn.close()
@@ -358,15 +362,17 @@ class WorkerPool:
         first.failures = failures
         raise first
 
-    def call(self, method: str, args_per_worker: list[tuple]) -> list:
-        """Run ``method(*args)`` on each worker's call target; return the results in worker order."""
+    def call(self, method: str, args_per_worker: list[tuple], workers=None) -> list:
+        """Run ``method(*args)`` on the call target of each worker in ``workers`` (default: all; ``args_per_worker``
+        in the same order); return the results in that order."""
         self.check_open()
-        self._command[:] = CALL
-        for w, args in enumerate(args_per_worker):
+        workers = list(range(self.num_workers) if workers is None else workers)
+        for w, args in zip(workers, args_per_worker):
+            self._command[w] = CALL
             self._wake[w].release()
             self.conns[w].send((method, args))
-        self.wait(range(self.num_workers), CALL)
-        return [conn.recv()[1] for conn in self.conns]
+        self.wait(workers, CALL)
+        return [self.conns[w].recv()[1] for w in workers]
 
     def wait(self, workers, code: int) -> None:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
@@ -426,8 +432,8 @@ class WorkerPool:
             raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
 
     def stop(self) -> None:
-        """Ask every live worker to close, wait up to 2 s, then kill what is left, and release the pipes and
-        semaphores (named ones, under spawn/forkserver, leave /dev/shm now); idempotent."""
+        """Ask every live worker to close, wait up to ``shutdown_timeout`` s, then kill what is left, and release
+        the pipes and semaphores (named ones, under spawn/forkserver, leave /dev/shm now); idempotent."""
         self.closed = True
         _LIVE_POOLS.discard(self)
         procs = self.procs
@@ -440,7 +446,7 @@ class WorkerPool:
             if conn is not None:
                 conn.close()
         self.conns = [None] * len(self.conns)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + self.shutdown_timeout
         for proc in filter(None, procs):
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:

@@ -28,9 +28,11 @@ Start-up handshake (the same for a first start and for a restart)
 worker                       info / payload / reply                         shared buffers
 ===========================  =============================================  ===============================
 ParallelEnv (this module)    EnvSpecs of its envs / ``(buffers,             ``buffers`` [num_envs] (see
-                             reset_mask)`` / its pid                        ``shared.py``; worker ``w`` uses
+                             reset_mask, step_mask)`` / its pid             ``shared.py``; worker ``w`` uses
                                                                             rows ``first:first+k``);
-                                                                            ``reset_mask`` bool [num_envs]
+                                                                            ``reset_mask`` bool [num_envs,
+                                                                            prod(B)], ``step_mask`` bool
+                                                                            [num_envs]
 MultiSyncCollector           ``n_envs`` of its env / ``T`` (steps per       its storage [n_envs, T],
 (``collectors/worker.py``)   batch) / its storage, made in shared memory    TorchRL rollout keys, time last
 ===========================  =============================================  ===============================
@@ -45,6 +47,8 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
 ``STEP``            ParallelEnv: step its ``k`` envs with their rows of ``buffers["action"]``;
                     auto-reset the ones that ended; write their rows of ``buffers["next"]`` and
                     ``buffers["root"]``
+``PARTIAL_STEP``    ParallelEnv: the same for its envs whose ``step_mask`` row is True (TorchRL's
+                    ``"_step"``); the rows of the others are left as they are
 ``RESET``           ParallelEnv: reset its envs whose ``reset_mask`` row is True (seeded if a seed
                     is pending)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
@@ -80,14 +84,15 @@ import torch
 from .errors import EnvWorkerError
 
 # command codes
-STEP, RESET, COLLECT, COLLECT_RANDOM = 1, 2, 3, 4
+STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
 CALL, CLOSE = 100, 101
 NOTIFY = 0x100
 # status codes
 OK, FAILED = 0, 1
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
-    STEP: "step", RESET: "reset", COLLECT: "collection", COLLECT_RANDOM: "collection (random actions)",
+    STEP: "step", PARTIAL_STEP: "partial step", RESET: "reset", COLLECT: "collection",
+    COLLECT_RANDOM: "collection (random actions)",
     CALL: "a call", CLOSE: "close",
 }
 IDLE_POLL_S = 1.0
@@ -192,12 +197,14 @@ class WorkerChannel:
             spin_until = time.perf_counter() + self.spin_s
 
 
-def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int) -> None:
+def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, threads: int = 1) -> None:
     """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor)
-    here, in this process, then serves ``STEP``, ``RESET`` and ``CALL`` (to its :class:`EnvGroup`)."""
+    here, in this process, with ``threads`` torch threads, then serves ``STEP``, ``RESET`` and ``CALL`` (to its
+    :class:`EnvGroup`)."""
     from .group import EnvGroup
 
     channel.start()
+    torch.set_num_threads(threads)
     try:
         group = EnvGroup([factory] * envs_per_worker, owner="ParallelEnv", first_index=first_env)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the main process
@@ -206,15 +213,16 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
         setup = channel.hello(group.specs)
         if setup is None:
             return
-        buffers, reset_mask = setup
+        buffers, reset_mask, step_mask = setup
         rows = slice(first_env, first_env + envs_per_worker)
         try:
             group.bind(buffers[rows])
         except BaseException as exc:  # noqa: BLE001 - reported to the main process
             channel.fail_start(exc, "start-up")
-        mask = reset_mask[rows].numpy()
+        resets, steps = reset_mask[rows].numpy(), step_mask[rows].numpy()
         if channel.ready(os.getpid()):
-            channel.serve({STEP: group.step, RESET: lambda: group.reset(mask)}, group)
+            channel.serve({STEP: group.step, PARTIAL_STEP: lambda: group.step(steps),
+                           RESET: lambda: group.reset(resets)}, group)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:

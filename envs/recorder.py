@@ -1,4 +1,4 @@
-"""StepRecorder: the one engine that copies a batched env's step buffers into ``[num_envs, T]`` storage
+"""StepRecorder: the one engine that copies a batched env's step buffers into ``[*env.batch_size, T]`` storage
 (time last, TorchRL's rollout layout). Used by the lean rollout and by the collectors' loop."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ LARGE_BYTES = 16384  # leaves of at least this many bytes per step are copied by
 class StepRecorder:
     """Copies between the buffers of ``env`` (a ``BatchedEnv``) and column ``t`` of ``storage``.
 
-    ``storage`` (batch ``[num_envs, T]``) must hold the env's root keys (observation keys, done flags),
+    ``storage`` (batch ``[*env.batch_size, T]``) must hold the env's root keys (observation keys, done flags),
     its action keys and ``"next"`` with its next keys (observation keys, reward, done flags).
     """
 
@@ -22,9 +22,11 @@ class StepRecorder:
         self.root_keys = list(root.keys(True, True))
         self.next_keys = list(next_.keys(True, True))
         self.action_keys = [key for key, _ in env.action_buffers]
-        self._root = _ColumnCopy([(storage.get(k), root.get(k)) for k in self.root_keys])
-        self._next = _ColumnCopy([(storage.get(("next", *key_tuple(k))), next_.get(k)) for k in self.next_keys])
-        self._actions = _ColumnCopy([(storage.get(k), buffer) for k, buffer in env.action_buffers])
+        tdim = env.batch_dims
+        self._root = _ColumnCopy([(storage.get(k), root.get(k)) for k in self.root_keys], tdim)
+        self._next = _ColumnCopy([(storage.get(("next", *key_tuple(k))), next_.get(k)) for k in self.next_keys],
+                                 tdim)
+        self._actions = _ColumnCopy([(storage.get(k), buffer) for k, buffer in env.action_buffers], tdim)
 
     def record_root(self, t: int) -> None:
         """Root buffer -> ``storage[:, t]`` (the state the step's action is taken in)."""
@@ -44,24 +46,29 @@ class StepRecorder:
 
 
 class _ColumnCopy:
-    """``(storage leaf [n, T, ...], buffer leaf [n, ...])`` pairs. Small leaves go through numpy views made
-    once (a numpy slice costs a fraction of a torch view), large ones through torch (faster on big blocks)."""
+    """``(storage leaf [*batch, T, ...], buffer leaf [*batch, ...])`` pairs, time at dim ``tdim`` (the number of
+    batch dims). Small leaves go through numpy views made once (a numpy slice costs a fraction of a torch view),
+    large ones through torch (faster on big blocks)."""
 
-    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], tdim: int = 1):
         def large(buffer):
             return buffer.numel() * buffer.element_size() >= LARGE_BYTES
 
         self.small = [(numpy_view(dst), numpy_view(src)) for dst, src in pairs if not large(src)]
         self.large = [(dst, src) for dst, src in pairs if large(src)]
+        self.tdim = tdim
+        self._lead = (slice(None),) * tdim
 
     def to_storage(self, t: int) -> None:
+        at = (slice(None), t) if self.tdim == 1 else (*self._lead, t)
         for dst, src in self.small:
-            dst[:, t] = src
+            dst[at] = src
         for dst, src in self.large:
-            dst.select(1, t).copy_(src)
+            dst.select(self.tdim, t).copy_(src)
 
     def from_storage(self, t: int) -> None:
+        at = (slice(None), t) if self.tdim == 1 else (*self._lead, t)
         for dst, src in self.small:
-            src[...] = dst[:, t]
+            src[...] = dst[at]
         for dst, src in self.large:
-            src.copy_(dst.select(1, t))
+            src.copy_(dst.select(self.tdim, t))

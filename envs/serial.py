@@ -6,10 +6,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .batched import BatchedEnv
-from .factories import resolve_factories
+from .factories import bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .group import EnvGroup
 from .shared import allocate_buffers
 from .specs import check_same_specs
+
+#: TorchRL arguments about processes, which a SerialEnv has none of
+_SERIAL_NO_OPS = frozenset({"mp_start_method", "num_threads", "num_sub_threads", "serial_for_single", "daemon",
+                            "shutdown_timeout"})
 
 
 class SerialEnv(BatchedEnv):
@@ -22,6 +26,8 @@ class SerialEnv(BatchedEnv):
         create_env_kwargs: keyword arguments for the constructor(s): a dict or a list of dicts.
         owner: the name error messages give this env (default ``"SerialEnv"``; a collector that wraps your
             env in a SerialEnv gives its own name).
+        check_actions: as for :class:`~tdcollect.envs.ParallelEnv`.
+        device, torchrl_options: TorchRL's batched-env arguments, accepted as ``ParallelEnv`` accepts them.
 
     Its data equals a :class:`~tdcollect.envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
     """
@@ -33,16 +39,22 @@ class SerialEnv(BatchedEnv):
         create_env_kwargs: dict | Sequence[dict] | None = None,
         *,
         owner: str | None = None,
+        check_actions: bool = True,
+        device=None,
+        **torchrl_options,
     ):
         owner = owner or "SerialEnv"
-        self._factories = resolve_factories(create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
-        self._group = EnvGroup(self._factories, owner=owner)
+        check_torchrl_options(owner, device, {k: v for k, v in torchrl_options.items() if k not in _SERIAL_NO_OPS})
+        self.create_env_fn, self.create_env_kwargs = constructors_and_kwargs(
+            create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
+        self.num_workers = num_envs
+        self._group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner=owner)
         buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
         self._group.bind(buffers)
-        super().__init__(self._group.specs, num_envs, buffers, owner=owner)
+        super().__init__(self._group.specs, num_envs, buffers, check_actions=check_actions, owner=owner)
 
     def _start_again(self):
-        group = EnvGroup(self._factories, owner=self.owner)
+        group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner=self.owner)
         try:
             check_same_specs({"the first start's envs": self._env_specs, "the restarted envs": group.specs},
                              "Constructors must build the same envs every time.")
@@ -54,14 +66,17 @@ class SerialEnv(BatchedEnv):
         self._group = group
         return buffers
 
-    def _run_step(self) -> None:
-        self._group.step()
+    def _run_step(self, mask: np.ndarray | None = None) -> None:
+        self._group.step(mask)
 
     def _run_reset(self, mask: np.ndarray | None) -> None:
-        self._group.reset(mask)
+        self._group.reset(None if mask is None else mask.reshape(self.num_envs, -1))
 
-    def _run_set_seeds(self, seeds: list[int]) -> None:
-        self._group.set_seeds(seeds)
+    def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
+        return self._group.set_seed(seed, static_seed)
+
+    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None) -> list:
+        return self._group.env_attribute(path, action, args, kwargs)
 
     def _shutdown(self) -> None:
         self._group.close()

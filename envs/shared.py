@@ -1,6 +1,7 @@
 """The step buffers: one TensorDict per batched env, allocated once, optionally in shared memory.
 
-Layout (batch size ``[num_envs]``; every leaf's first dimension is the env index)::
+Layout (batch size ``[num_envs, *B]``, ``B`` one env's batch shape, ``()`` unless the envs are batched TorchRL
+envs; every leaf's first dimension is the env index)::
 
     buffers["root"]    observation keys + "done"/"terminated"/"truncated"  -- the state an action is taken in
                        (after a step: the next observation, or the reset observation where the env was done)
@@ -22,12 +23,22 @@ from torchrl.data import Composite
 
 @dataclass
 class EnvSpecs:
-    """The unbatched full specs of one env (all ``Composite``)."""
+    """The full specs of one env (all ``Composite``), of shape ``batch_shape``: ``()`` for a gymnasium or
+    dm_env env and an unbatched TorchRL env, the env's ``batch_size`` for a batched TorchRL env."""
 
     observation: Composite
     action: Composite
     reward: Composite
     done: Composite
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.observation.shape
+
+    @property
+    def batch_numel(self) -> int:
+        """Elements in one env's batch (1 for an unbatched env)."""
+        return self.batch_shape.numel()
 
     def root_spec(self) -> Composite:
         return merge_specs(self.observation, self.done)
@@ -37,7 +48,7 @@ class EnvSpecs:
 
     def buffer_spec(self) -> Composite:
         return Composite(
-            root=self.root_spec(), next=self.next_spec(), action=self.action.clone(), shape=()
+            root=self.root_spec(), next=self.next_spec(), action=self.action.clone(), shape=self.batch_shape
         )
 
     def as_composite(self) -> Composite:
@@ -54,7 +65,7 @@ class EnvSpecs:
 def merge_specs(*specs: Composite) -> Composite:
     """One Composite with the entries of all ``specs`` (cloned). A group key present in several (e.g.
     ``"agents"`` holding observations and rewards) is merged level by level, keeping its shape."""
-    merged = Composite(shape=())
+    merged = Composite(shape=specs[0].shape)
     for spec in specs:
         _merge_into(merged, spec)
     return merged
@@ -70,8 +81,8 @@ def _merge_into(target: Composite, spec: Composite) -> None:
 
 
 def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict:
-    """Zero-filled buffers of batch ``[num_envs]``; in shared memory when ``shared``."""
-    buffers = specs.buffer_spec().expand(num_envs).zero()
+    """Zero-filled buffers of batch ``[num_envs, *specs.batch_shape]``; in shared memory when ``shared``."""
+    buffers = specs.buffer_spec().expand(num_envs, *specs.batch_shape).zero()
     return buffers.share_memory_() if shared else buffers
 
 

@@ -26,6 +26,7 @@ from torchrl.data import (
     Categorical,
     Composite,
     MultiCategorical,
+    OneHot,
     TensorSpec,
     Unbounded,
 )
@@ -146,9 +147,9 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def value_checker(spec: TensorSpec):
     """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
-    caller's to check)? ``Categorical`` (integers) and ``Bounded`` specs are checked with numpy reductions on
-    the CPU (NaN is outside any bounds); any other spec, or a value on another device, goes through
-    ``spec.is_in``, and floating-point values must also be finite."""
+    caller's to check)? ``OneHot`` rows must be 0/1 with at most one 1; ``Categorical`` (integers) and
+    ``Bounded`` specs are checked with numpy reductions on the CPU (NaN is outside any bounds); any other spec, or
+    a value on another device, goes through ``spec.is_in``, and floating-point values must also be finite."""
     if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
         n = int(spec.space.n)
 
@@ -160,6 +161,14 @@ def value_checker(spec: TensorSpec):
             return array.size == 0 or bool(array.view(_UNSIGNED[array.itemsize]).max() < n)
 
         return check_categorical
+    if type(spec) is OneHot:
+
+        def check_one_hot(value: torch.Tensor) -> bool:
+            # rows of 0/1 with at most one 1: an all-zero row is "no action", as TorchRL's own envs accept
+            flags = value.detach()
+            return bool(((flags == 0) | (flags == 1)).all()) and bool((flags.sum(-1) <= 1).all())
+
+        return check_one_hot
     if type(spec) is Bounded and spec.dtype in _NUMPY_DTYPES:
         low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
 

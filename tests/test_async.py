@@ -2,10 +2,12 @@
 import functools
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from tdcollect.envs import AsyncParallelEnv, EnvWorkerError, WorkerDiedError
+from tdcollect.envs.group import seed_chain
 from tests.helpers import CountingEnv, FaultyEnv, SlowEnv, SuicidalEnv, cartpole
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,7 +46,8 @@ def test_reset_batches_report_the_reset_state(no_leaks):
         td = env.recv()
         assert torch.equal(td["observation"], td["next", "observation"])
         seeds = dict(zip(td["env_ids"].tolist(), td["observation"][:, 2].tolist()))
-        assert seeds == {0: 5.0, 1: 6.0}  # seeded: env i with seed + i
+        # seeded as TorchRL seeds batched envs: env 0 with 5, env 1 with the next seed of the chain
+        assert seeds == {i: float(np.float32(seed)) for i, seed in enumerate(seed_chain(5, 2))}
         assert not td["next", "done"].any() and (td["next", "reward"] == 0).all()
 
 

@@ -2,6 +2,7 @@
 import functools
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -9,7 +10,7 @@ from torchrl.envs import GymEnv
 from torchrl.envs.utils import check_env_specs
 
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.group import EnvGroup
+from tdcollect.envs.group import EnvGroup, seed_chain
 from tdcollect.envs.shared import allocate_buffers
 from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
 
@@ -79,7 +80,7 @@ def test_step_then_partial_reset_does_not_reset_twice(kind, no_leaks):
     with make(kind, 2, functools.partial(CountingEnv, episode_len=1), per_worker=1) as env:
         env.set_seed(5)
         td = env.reset()
-        assert td["observation"][:, 2].tolist() == [5, 6]
+        assert td["observation"][:, 2].tolist() == as_float32(seed_chain(5, 2))
         td["action"] = torch.tensor([1, 1])
         out = env.step(td)
         assert out["next", "done"].all()
@@ -90,10 +91,20 @@ def test_step_then_partial_reset_does_not_reset_twice(kind, no_leaks):
         assert full["observation"][:, 2].tolist() == [-1, -1]
 
 
-def test_set_seed_gives_env_i_seed_plus_i(kind, no_leaks):
+def as_float32(values) -> list[float]:
+    """What a float32 observation holds of each (large) int."""
+    return [float(np.float32(v)) for v in values]
+
+
+def test_set_seed_follows_torchrl_seed_chain(kind, no_leaks):
+    """As TorchRL's batched envs: env 0 gets the seed, each next env the seed its predecessor returned
+    (``seed_generator``), or the same seed with ``static_seed``; set_seed returns the seed after the last env."""
     with make(kind, 2, CountingEnv, per_worker=2) as env:
-        env.set_seed(10)
-        assert env.reset()["observation"][:, 2].tolist() == [10, 11, 12, 13]
+        chain = seed_chain(10, 5)
+        assert env.set_seed(10) == chain[4]
+        assert env.reset()["observation"][:, 2].tolist() == as_float32(chain[:4])
+        assert env.set_seed(10, static_seed=True) == 10
+        assert env.reset()["observation"][:, 2].tolist() == [10.0] * 4
 
 
 def test_same_seed_same_data(kind, no_leaks):
@@ -149,7 +160,7 @@ def test_block_stepping_writes_what_one_by_one_stepping_writes(factory):
         assert group._block is not None
         if not block:
             group._block = None
-        group.set_seeds([1, 2, 3])
+        group.set_seed(1)
         group.reset()
         groups.append(group)
         buffers.append(buffer)

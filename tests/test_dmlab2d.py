@@ -5,6 +5,7 @@ from torchrl.data import Categorical
 from torchrl.envs.utils import check_env_specs
 
 from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.group import seed_chain
 
 dmlab2d = pytest.importorskip("dmlab2d")
 from tdcollect.envs import DMLab2dEnv  # noqa: E402
@@ -112,11 +113,11 @@ def test_check_env_specs_batched(kind, no_leaks):
 def test_parallel_equals_the_env_stepped_alone(no_leaks):
     """Workers step the engine directly (LevelStepper), skipping EnvBase.step: the data must not change."""
     with ParallelEnv(2, level, envs_per_worker=1) as env:
-        env.set_seed(7)  # env i gets seed 7 + i
+        env.set_seed(7)  # env 0 gets 7, env 1 the next seed of TorchRL's chain
         torch.manual_seed(0)
         batched = env.rollout(12, policy=env.rand_action, break_when_any_done=False)
     alone = level()
-    alone.set_seed(8)
+    alone.set_seed(seed_chain(7, 2)[1])
     td = alone.reset()
     for t in range(12):
         td.update(batched[1, t].select(*alone.action_keys))

@@ -1,0 +1,62 @@
+"""Attribute and method forwarding: ``env.some_attr`` / ``env.some_method(...)`` on a batched env reach the envs
+it runs (in its workers, or in this process), as with TorchRL's batched envs.
+
+``env.name`` (a public name the batched env itself lacks, held by its envs) returns an :class:`EnvAttribute`:
+
+- ``env.name(*args, **kwargs)`` calls the method on every env: a list, one result per env;
+- ``list(env.name)`` / ``env.name[i]`` / ``len(env.name)`` read the attribute: one value per env;
+- ``env.name.sub`` chains (``env.nested.value``, ``env.nested.get_value()``).
+
+Lists are per env, in env order (with ``envs_per_worker=1``, one per worker as in TorchRL). Values travel by
+pickle, so a forwarded call is for configuration and inspection, not for the stepping loop.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class EnvAttribute:
+    """``path`` (attribute names from the env down) on every env of ``env``; evaluated when called, iterated,
+    indexed or measured (see the module docstring)."""
+
+    def __init__(self, env, path: tuple[str, ...]):
+        self._env = env
+        self._path = path
+
+    def __call__(self, *args, **kwargs) -> list:
+        return self._env.env_attribute(self._path, "call", args, kwargs)
+
+    def values(self) -> list:
+        """The attribute's value on every env."""
+        return self._env.env_attribute(self._path, "get")
+
+    def __iter__(self):
+        return iter(self.values())
+
+    def __len__(self) -> int:
+        return len(self.values())
+
+    def __getitem__(self, index):
+        return self.values()[index]
+
+    def __getattr__(self, name: str) -> EnvAttribute:
+        if name.startswith("_"):
+            raise AttributeError(f"private attributes are not forwarded to the envs (got {name!r}).")
+        return EnvAttribute(self._env, (*self._path, name))
+
+    def __repr__(self) -> str:
+        return f"EnvAttribute({'.'.join(self._path)!r} on {self._env.num_envs} envs)"
+
+
+def resolve_on_env(env: Any, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None):
+    """Worker side: follow ``path`` from ``env``; ``action`` is ``"has"`` (does the attribute exist),
+    ``"get"`` (its value) or ``"call"`` (call it with ``args`` / ``kwargs``)."""
+    obj = env
+    for name in path[:-1]:
+        obj = getattr(obj, name)
+    if action == "has":
+        return hasattr(obj, path[-1])
+    value = getattr(obj, path[-1])
+    if action == "call":
+        return value(*args, **(kwargs or {}))
+    return value
