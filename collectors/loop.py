@@ -44,7 +44,11 @@ class BatchLoop:
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
         if len(env.batch_size) != 1:
-            raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}.")
+            raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}; "
+                             "a batched TorchRL env goes through TorchRL's Collector over a ParallelEnv.")
+        if getattr(env, "_non_tensor_keys", None):
+            raise ValueError(f"the collector stores tensor entries only; the env has non-tensor entries "
+                             f"{env._non_tensor_keys}: use TorchRL's Collector over a ParallelEnv for it.")
         self.env, self.policy, self.steps = env, policy, steps
         self.n_envs = env.batch_size[0]
         self.reset_at_each_iter = reset_at_each_iter

@@ -347,7 +347,9 @@ class TorchRLStepper:
     """A TorchRL ``EnvBase``, unbatched or batched (its rows in the buffers are then ``[*env.batch_size, ...]``):
     its tensordicts are copied into the buffer views (each leaf's shape checked first: ``update_`` would
     broadcast). Steps go through the env's ``step_and_maybe_reset``, so a batched env resets the elements that
-    ended as TorchRL does."""
+    ended as TorchRL does. Non-tensor entries (strings, objects) have no place in the buffers: after each reset
+    and step they are left in ``objects`` (``{"root": td, "next": td}`` holding only them) for the group to
+    send."""
 
     def __init__(self, env: EnvBase):
         self.env = env
@@ -357,8 +359,12 @@ class TorchRLStepper:
             reward=env.full_reward_spec.clone().cpu(),
             done=env.full_done_spec.clone().cpu(),
         )
-        self._root_keys = [*self.specs.root_spec().keys(True, True)]
-        self._next_keys = [*self.specs.next_spec().keys(True, True)]
+        root_objects, next_objects = self.specs.non_tensor_keys()
+        self._root_keys = [key for key in self.specs.root_spec().keys(True, True) if key not in root_objects]
+        self._next_keys = [key for key in self.specs.next_spec().keys(True, True) if key not in next_objects]
+        self._root_objects, self._next_objects = root_objects, next_objects
+        self.has_objects = bool(root_objects or next_objects)
+        self.objects: dict | None = None
         self._state = None
 
     def bind(self, views: BufferViews, index: int) -> None:
@@ -375,6 +381,7 @@ class TorchRLStepper:
         self._state = self.env.reset()
         self._check(self._state, self._root_shapes, "reset()")
         self._root.update_(self._state.select(*self._root_keys))
+        self._keep_objects(None)
 
     def reset_elements(self, mask: np.ndarray) -> None:
         """Reset the elements of a batched env where ``mask`` (bool, ``prod(batch_size)`` flags) is True, through
@@ -390,6 +397,7 @@ class TorchRLStepper:
         self._state = self.env.reset(state)
         self._check(self._state, self._root_shapes, "reset()")
         self._root.update_(self._state.select(*self._root_keys))
+        self._keep_objects(None)
 
     def step(self) -> None:
         if self._state is None:  # stepped before any reset: the env starts from what the root buffer holds
@@ -401,6 +409,13 @@ class TorchRLStepper:
         self._check(self._state, self._root_shapes, "reset()")
         self._next.update_(stepped_next.select(*self._next_keys))
         self._root.update_(self._state.select(*self._root_keys))
+        self._keep_objects(stepped_next)
+
+    def _keep_objects(self, stepped_next) -> None:
+        if self.has_objects:
+            self.objects = {"root": self._state.select(*self._root_objects, strict=False),
+                            "next": None if stepped_next is None else stepped_next.select(*self._next_objects,
+                                                                                          strict=False)}
 
     def _check(self, td, shapes: list, call: str) -> None:
         for key, expected in shapes:

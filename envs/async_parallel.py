@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .errors import WorkerError, failures_of
+from .errors import ArgumentError, WorkerError, failures_of
 from .parallel import ParallelEnv
 from .protocol import RESET, STEP
 from .shared import numpy_view
@@ -46,6 +46,12 @@ class AsyncParallelEnv(ParallelEnv):
                 f"AsyncParallelEnv needs 1 <= batch_workers <= num_workers ({num_workers}), got {batch_workers!r}."
             )
         super().__init__(num_workers, create_env_fn, create_env_kwargs, **kwargs)
+        if self._non_tensor_keys or self.batch_dims != 1:
+            self.close()
+            raise ArgumentError(
+                "AsyncParallelEnv steps unbatched envs with tensor entries only (got batch "
+                f"{tuple(self.batch_size)}, non-tensor keys {self._non_tensor_keys}); use ParallelEnv for these."
+            )
         self.batch_workers = batch_workers
         k = self.envs_per_worker
         self._slices = [slice(w * k, (w + 1) * k) for w in range(num_workers)]

@@ -72,6 +72,10 @@ class BatchedEnv(EnvBase):
         self.full_done_spec = specs.done.expand(num_envs, *specs.batch_shape)
         self.check_actions = check_actions
         self._env_specs = specs  # one env's, unbatched: a restart must build envs with the same
+        root_objects, next_objects = specs.non_tensor_keys()
+        #: non-tensor entries (strings, objects): not in the buffers; each env's last values are kept here
+        self._non_tensor_keys = list(dict.fromkeys([*root_objects, *next_objects]))
+        self._objects = {"root": [None] * num_envs, "next": [None] * num_envs}
         self._value_checks = {key: value_checker(self.full_action_spec[key])
                               for key in self.full_action_spec.keys(True, True)}
         self._bind_buffers(buffers)
@@ -101,11 +105,14 @@ class BatchedEnv(EnvBase):
         self.is_closed = False
 
     # ----------------------------------------------------------------- hooks for subclasses
-    def _run_step(self, mask: np.ndarray | None = None) -> None:
-        """Step every env, or those where ``mask`` (bool ``[num_envs]``) is True (leaving the others' rows)."""
+    def _run_step(self, mask: np.ndarray | None = None) -> list | None:
+        """Step every env, or those where ``mask`` (bool ``[num_envs]``) is True (leaving the others' rows).
+        Returns the envs' non-tensor entries when they have some: ``[(env index, {"root": td, "next": td})]``."""
         raise NotImplementedError
 
-    def _run_reset(self, mask: np.ndarray | None) -> None:
+    def _run_reset(self, mask: np.ndarray | None) -> list | None:
+        """Reset every env, or the elements where ``mask`` (bool, one per element) is True; returns non-tensor
+        entries as :meth:`_run_step` does."""
         raise NotImplementedError
 
     def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
@@ -155,7 +162,7 @@ class BatchedEnv(EnvBase):
         ended, it was reset, and a later ``reset`` with a ``"_reset"`` mask covering it returns that observation
         without resetting it again). With ``mask``, the rows of the other envs are left as they were."""
         self._used = True
-        self._run_step(mask)
+        self._keep_objects(self._run_step(mask))
         if self._done_leaves is not None:
             np.logical_or.reduce([leaf.any(1) for leaf in self._done_leaves], out=self._next_done)
         if mask is None:
@@ -181,14 +188,34 @@ class BatchedEnv(EnvBase):
         self._used = True
         mask = None if tensordict is None else self._reset_request(tensordict)
         if mask is None:
-            self._run_reset(None)
+            self._keep_objects(self._run_reset(None))
             self._pending_reset[:] = False
         else:
             to_reset = mask & ~self._pending_reset
             if to_reset.any():
-                self._run_reset(to_reset)
+                self._keep_objects(self._run_reset(to_reset))
             self._pending_reset[mask] = False
-        return self._root.clone()
+        return self._with_objects(self._root.clone(), "root")
+
+    def _keep_objects(self, objects: list | None) -> None:
+        """Keep the non-tensor entries an env step or reset returned (see :meth:`_run_step`)."""
+        for i, entries in objects or ():
+            self._objects["root"][i] = entries["root"]
+            if entries["next"] is not None:
+                self._objects["next"][i] = entries["next"]
+
+    def _with_objects(self, out: TensorDictBase, which: str) -> TensorDictBase:
+        """``out`` with the envs' last non-tensor entries (``which``: ``"root"`` or ``"next"``), stacked over
+        the envs (one value per env)."""
+        if self._non_tensor_keys:
+            kept = self._objects[which]
+            if all(entry is not None for entry in kept):
+                stacked = torch.stack(kept)
+                for key in self._non_tensor_keys:
+                    value = stacked.get(key, None)
+                    if value is not None:
+                        out.set(key, value)
+        return out
 
     def _reset_request(self, tensordict: TensorDictBase) -> np.ndarray | None:
         """The elements the ``"_reset"`` entries of ``tensordict`` ask to reset (any of them, when there are
@@ -233,7 +260,9 @@ class BatchedEnv(EnvBase):
             for key in out.keys(True, True):
                 value = tensordict.get(key, None)
                 out.get(key)[idle] = 0 if value is None else value[idle].to(out.get(key).dtype)
-        return out
+            for i in np.flatnonzero(~mask).tolist():  # what an env not stepped holds stands for its "next"
+                self._objects["next"][i] = self._objects["root"][i]
+        return self._with_objects(out, "next")
 
     @_one_thread
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
@@ -252,7 +281,7 @@ class BatchedEnv(EnvBase):
             # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
             # nested entries leaves the step just returned intact (leaves stay shared)
             next_root = next_root.clone(recurse=False)
-        next_root.update(self._root.clone())
+        next_root.update(self._with_objects(self._root.clone(), "root"))
         return tensordict, next_root
 
     @_one_thread
@@ -369,15 +398,15 @@ class BatchedEnv(EnvBase):
         ``"time"``). With ``auto_reset=False`` the rollout starts from ``tensordict``, which receives the first step
         (its action and ``"next"``), as with ``EnvBase.rollout``.
 
-        Without a callback and the rarer options (``out``, ``set_truncated``, ``actions``) it takes a lean
-        path: random actions are drawn from ``action_spec`` all at once and every step is copied into
+        Without a callback, the rarer options (``out``, ``set_truncated``, ``actions``) and non-tensor entries it
+        takes a lean path: random actions are drawn from ``action_spec`` all at once and every step is copied into
         preallocated storage; with a policy, one policy call and one ``step_and_maybe_reset`` per step.
         """
         rare = {k: v for k, v in kwargs.items() if v not in (None, False)}
         rare.pop("return_contiguous", None)
         rare.pop("trust_policy", None)
         storing_device = rare.pop("storing_device", None)
-        if callback is not None or break_when_all_done or rare:
+        if callback is not None or break_when_all_done or rare or self._non_tensor_keys:
             return super().rollout(
                 max_steps, policy, callback, auto_reset=auto_reset, break_when_any_done=break_when_any_done,
                 break_when_all_done=break_when_all_done, tensordict=tensordict, storing_device=storing_device,

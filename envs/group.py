@@ -47,6 +47,8 @@ class EnvGroup:
             raise
         self._seeds: list[int | None] = [None] * len(self.steppers)
         self._block = None
+        #: whether its envs have non-tensor entries: then step() and reset() return them (see objects_of)
+        self.has_objects = any(getattr(stepper, "has_objects", False) for stepper in self.steppers)
 
     def __len__(self) -> int:
         return len(self.steppers)
@@ -76,7 +78,7 @@ class EnvGroup:
         """:func:`~tdcollect.envs.forwarding.resolve_on_env` on every env: one result per env."""
         return [resolve_on_env(stepper.env, path, action, args, kwargs) for stepper in self.steppers]
 
-    def reset(self, mask: np.ndarray | None = None) -> None:
+    def reset(self, mask: np.ndarray | None = None) -> list | None:
         """Reset every env (``mask is None``) or the elements where ``mask`` (bool ``[k, prod(B)]``, one row per
         env; ``B`` is ``()`` unless the envs are batched TorchRL envs) is True: an env whose whole row is True is
         reset (seeded if a seed is pending), a batched env with only some elements True resets those."""
@@ -86,17 +88,27 @@ class EnvGroup:
                 self._seeds[i] = None
             elif mask[i].any():
                 stepper.reset_elements(mask[i])
+        return self.objects_of(range(len(self)) if mask is None else np.flatnonzero(mask.any(1)).tolist())
 
-    def step(self, mask: np.ndarray | None = None) -> None:
+    def objects_of(self, touched) -> list | None:
+        """The non-tensor entries of the envs in ``touched`` (indices) after a step or reset:
+        ``[(index, {"root": td, "next": td or None})]``; None when the envs have none."""
+        if not self.has_objects:
+            return None
+        return [(i, self.steppers[i].objects) for i in touched]
+
+    def step(self, mask: np.ndarray | None = None) -> list | None:
         """Step every env (``mask is None``) or those where ``mask`` (bool ``[k]``) is True, with its row of the
         action buffer (auto-resetting the ones that end); all of them as one block when the envs allow it (see
-        ``adapters.block_stepper``). The rows of envs not stepped are left as they are."""
+        ``adapters.block_stepper``). The rows of envs not stepped are left as they are. Returns the stepped envs'
+        non-tensor entries (see :meth:`objects_of`)."""
         if mask is None and self._block is not None:
             self._block.step()
-            return
+            return None
         for i, stepper in enumerate(self.steppers):
             if mask is None or mask[i]:
                 stepper.step()
+        return self.objects_of(range(len(self)) if mask is None else np.flatnonzero(mask).tolist())
 
     def close(self) -> None:
         for stepper in self.steppers:

@@ -23,11 +23,13 @@ class BufferHandshake:
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
         self.specs: EnvSpecs | None = None
+        self.has_objects = False
         self.buffers = self.reset_tensor = self.step_tensor = None
 
     def setup(self, infos: dict[int, EnvSpecs]) -> dict:
         self.specs = agreed_specs(self.specs, infos,
                                   "All constructors of one ParallelEnv must build envs with the same specs.")
+        self.has_objects = any(self.specs.non_tensor_keys())  # workers then answer steps with data
         if self.buffers is None:  # the first start, or a start after close()
             self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
             self.reset_tensor = torch.zeros(self.num_envs, self.specs.batch_numel, dtype=torch.bool).share_memory_()
@@ -154,18 +156,26 @@ class ParallelEnv(BatchedEnv):
         return self._handshake.buffers
 
     # ----------------------------------------------------------------- commands
-    def _run_step(self, mask: np.ndarray | None = None) -> None:
+    def _run_step(self, mask: np.ndarray | None = None) -> list | None:
         if mask is None:
-            self._run(self._pool.run, STEP)
-            return
+            return self._run_and_gather(STEP, list(range(self.num_workers)))
         self._step_mask[:] = mask
         per_worker = mask.reshape(self.num_workers, self.envs_per_worker).any(1)
-        self._run(self._pool.run, PARTIAL_STEP, np.flatnonzero(per_worker).tolist())
+        return self._run_and_gather(PARTIAL_STEP, np.flatnonzero(per_worker).tolist())
 
-    def _run_reset(self, mask: np.ndarray | None) -> None:
+    def _run_and_gather(self, code: int, workers: list[int]) -> list | None:
+        """Run ``code`` on ``workers``; with non-tensor entries, gather what they answered with, as
+        ``[(env index, entries)]``."""
+        replies = self._run(self._pool.run, code, workers, bool(self._handshake.has_objects))
+        if not replies:
+            return None
+        k = self.envs_per_worker
+        return [(w * k + i, entries) for w, reply in zip(workers, replies) for i, entries in reply]
+
+    def _run_reset(self, mask: np.ndarray | None) -> list | None:
         self._reset_mask[:] = True if mask is None else mask
         per_worker = self._reset_mask.reshape(self.num_workers, -1).any(1)
-        self._run(self._pool.run, RESET, np.flatnonzero(per_worker).tolist())
+        return self._run_and_gather(RESET, np.flatnonzero(per_worker).tolist())
 
     def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
         for w in range(self.num_workers):  # one worker after the other: each one's envs chain the seed on
@@ -202,7 +212,7 @@ class ParallelEnv(BatchedEnv):
                 rows = self._reset_mask.reshape(self.num_workers, -1)  # a view: the worker's elements
                 rows[:] = False
                 rows[sorted(replaced)] = True
-                self._pool.run(RESET, sorted(replaced))
+                self._pool.run(RESET, sorted(replaced), self._handshake.has_objects)
             except WorkerError as again:
                 err = again
                 continue

@@ -302,14 +302,16 @@ class WorkerPool:
         return value
 
     # ----------------------------------------------------------------- commands
-    def run(self, code: int, workers=None) -> None:
-        """Send ``code`` to ``workers`` (default: all) and wait until each has finished it."""
+    def run(self, code: int, workers=None, replies: bool = False) -> list | None:
+        """Send ``code`` to ``workers`` (default: all) and wait until each has finished it. With ``replies``, each
+        worker answers with data on its pipe: returned in ``workers`` order."""
         self.check_open()
         workers = range(self.num_workers) if workers is None else workers
         self._command[:] = code
         for w in workers:
             self._wake[w].release()
-        self.wait(workers, code)
+        self.wait(workers, code, replies)
+        return [self.conns[w].recv()[1] for w in workers] if replies else None
 
     def start(self, code: int, workers) -> None:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
@@ -374,10 +376,11 @@ class WorkerPool:
         self.wait(workers, CALL)
         return [self.conns[w].recv()[1] for w in workers]
 
-    def wait(self, workers, code: int) -> None:
+    def wait(self, workers, code: int, replies: bool = False) -> None:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
         in its ``failures`` attribute (``{worker: exception}``). A worker that died or timed out (it is
-        killed) is a failure too; the other workers are left as they are — the caller decides."""
+        killed) is a failure too; the other workers are left as they are — the caller decides. ``replies``: the
+        workers answer on their pipes (always so for ``CALL``); on a failure, the others' answers are dropped."""
         during = command_name(code)
         deadline = None
         failures = {}
@@ -398,7 +401,7 @@ class WorkerPool:
                 failures[w] = worker_error(w, self.conns[w].recv()[1])
         self._status[:] = OK
         if failures:
-            if code == CALL:
+            if replies or code == CALL:
                 for w in set(workers) - set(failures):
                     self.conns[w].recv()
             self._raise_failures(failures)

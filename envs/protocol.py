@@ -54,14 +54,18 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
 ``COLLECT_RANDOM``  MultiSyncCollector: the same with random actions from the action spec
 ``CALL``            then on the pipe ``(method, args)``; runs ``call_target.<method>(*args)``;
-                    answers ``("result", value)``
+                    answers ``("result", value)`` (after releasing ``done[w]``)
 ``CLOSE``           leave the loop, close what it owns, exit 0
 ``code | NOTIFY``   as ``code``, and also release ``any_done`` when finished (asynchronous stepping)
 ==================  ===========================================================================
 
 After each command the worker writes ``status[w]`` — ``OK``, or ``FAILED`` with ``("error", report)`` on
 the pipe (see :func:`error_report`) — and releases ``done[w]``; then it waits for the next one. Exceptions
-raised by a command are reported and the loop goes on.
+raised by a command are reported and the loop goes on. A ParallelEnv worker whose envs have non-tensor entries
+(strings, objects: no place in shared memory) answers ``STEP``, ``PARTIAL_STEP`` and ``RESET`` with
+``("data", [(env, {"root": td, "next": td}), ...])`` on the pipe (see ``EnvGroup.objects_of``). Answers are sent
+after ``done[w]`` is released, and the main process reads them once the worker is done: an answer larger than
+the pipe's buffer cannot deadlock.
 
 Waiting: bounded spin, then block. Both sides poll their semaphore (``acquire(False)``, no system call) for
 ``spin_s`` seconds before they block on it; an idle worker wakes every :data:`IDLE_POLL_S` to exit if the
@@ -181,12 +185,14 @@ class WorkerChannel:
                 status[index] = OK
                 self.done.release()
                 return
+            reply = None
             try:
                 if code == CALL:
                     method, args = self.conn.recv()
-                    self.conn.send(("result", getattr(call_target, method)(*args)))
+                    reply = ("result", getattr(call_target, method)(*args))
                 else:
-                    handlers[code]()
+                    data = handlers[code]()
+                    reply = None if data is None else ("data", data)
                 status[index] = OK
             except BaseException as exc:  # noqa: BLE001 - reported, and the loop goes on
                 status[index] = FAILED
@@ -194,6 +200,8 @@ class WorkerChannel:
             self.done.release()
             if notify:
                 self.any_done.release()
+            if reply is not None:  # after done: a reply larger than the pipe's buffer waits for the main process
+                self.conn.send(reply)
             spin_until = time.perf_counter() + self.spin_s
 
 

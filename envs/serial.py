@@ -66,11 +66,11 @@ class SerialEnv(BatchedEnv):
         self._group = group
         return buffers
 
-    def _run_step(self, mask: np.ndarray | None = None) -> None:
-        self._group.step(mask)
+    def _run_step(self, mask: np.ndarray | None = None) -> list | None:
+        return self._group.step(mask)
 
-    def _run_reset(self, mask: np.ndarray | None) -> None:
-        self._group.reset(None if mask is None else mask.reshape(self.num_envs, -1))
+    def _run_reset(self, mask: np.ndarray | None) -> list | None:
+        return self._group.reset(None if mask is None else mask.reshape(self.num_envs, -1))
 
     def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
         return self._group.set_seed(seed, static_seed)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import Composite
+from torchrl.data import Composite, NonTensor
 
 
 @dataclass
@@ -51,6 +51,11 @@ class EnvSpecs:
             root=self.root_spec(), next=self.next_spec(), action=self.action.clone(), shape=self.batch_shape
         )
 
+    def non_tensor_keys(self) -> tuple[list, list]:
+        """``(root keys, next keys)`` of the non-tensor entries (TorchRL ``NonTensor`` specs: strings, objects):
+        they have no place in the buffers and travel by pipe after each step and reset (see ``protocol.py``)."""
+        return non_tensor_keys(self.root_spec()), non_tensor_keys(self.next_spec())
+
     def as_composite(self) -> Composite:
         """All four specs in one Composite (used to compare the specs of two envs)."""
         return Composite(
@@ -80,9 +85,16 @@ def _merge_into(target: Composite, spec: Composite) -> None:
             target[key] = sub.clone()
 
 
+def non_tensor_keys(spec: Composite) -> list:
+    """The keys of ``spec``'s ``NonTensor`` leaves."""
+    return [key for key in spec.keys(True, True) if isinstance(spec[key], NonTensor)]
+
+
 def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict:
-    """Zero-filled buffers of batch ``[num_envs, *specs.batch_shape]``; in shared memory when ``shared``."""
-    buffers = specs.buffer_spec().expand(num_envs, *specs.batch_shape).zero()
+    """Zero-filled buffers of batch ``[num_envs, *specs.batch_shape]`` for every tensor entry (non-tensor entries
+    are left out); in shared memory when ``shared``."""
+    spec = specs.buffer_spec()
+    buffers = spec.expand(num_envs, *specs.batch_shape).zero().exclude(*non_tensor_keys(spec))
     return buffers.share_memory_() if shared else buffers
 
 

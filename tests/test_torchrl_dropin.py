@@ -13,7 +13,7 @@ from torchrl.envs import SerialEnv as TorchRLSerialEnv
 from tdcollect.envs import ArgumentError, ParallelEnv, SerialEnv, SpecMismatchError
 from tdcollect.envs.batched import BatchedEnv
 from tests.conftest import live_children
-from tests.torchrl_envs import TorchCountingEnv
+from tests.torchrl_envs import TextEnv, TorchCountingEnv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -231,3 +231,37 @@ def test_outputs_are_the_callers_own_tensors(no_leaks):
         env.step(env.reset().update(action_of(env, 1)))
         env.step(first["next"].clone().update(action_of(env, 1)))
         assert torch.equal(first["next", "observation"], kept)
+
+
+# ----------------------------------------------------------------- non-tensor entries
+def test_non_tensor_entries_travel_with_every_step_and_reset(no_leaks):
+    makes = [functools.partial(TextEnv, prefix="apple-"), functools.partial(TextEnv, prefix="pear-")]
+    with ParallelEnv(2, makes) as env:  # different values per worker: the same specs all the same
+        assert env._non_tensor_keys == ["text"]
+        assert env.reset()["text"] == ["apple-0", "pear-0"]
+        rollout = env.rollout(4, break_when_any_done=False)
+        assert [list(row) for row in rollout["next", "text"]] == [["apple-1", "apple-2", "apple-3", "apple-1"],
+                                                                  ["pear-1", "pear-2", "pear-3", "pear-1"]]
+        td = env.reset()
+        for _ in range(2):
+            td = env.step_mdp(env.step(td.set("action", torch.zeros(2, 1, dtype=torch.int64))))
+        reset = td.select("text").set("_reset", torch.tensor([[True], [False]]))
+        assert env.reset(reset)["text"] == ["apple-0", "pear-2"]  # the env not reset keeps its value
+
+
+def test_large_non_tensor_entries_do_not_deadlock(no_leaks):
+    with ParallelEnv(2, functools.partial(TextEnv, blob_bytes=1 << 20)) as env:
+        rollout = env.rollout(3)
+        assert len(rollout["next", "blob"][0][0]) == 1 << 20
+
+
+def test_non_tensor_entries_refused_where_they_would_be_lost(no_leaks):
+    from tdcollect.collectors import MultiSyncCollector
+    from tdcollect.envs import AsyncParallelEnv
+
+    with pytest.raises(ArgumentError, match="non-tensor keys"):
+        AsyncParallelEnv(2, TextEnv, batch_workers=1)
+    with pytest.raises(Exception, match="non-tensor entries"):
+        collector = MultiSyncCollector([TextEnv], frames_per_batch=4, total_frames=8)
+        next(iter(collector))
+    assert not live_children()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
-from torchrl.data import Categorical, Composite, OneHot, Unbounded
+from torchrl.data import Categorical, Composite, NonTensor, OneHot, Unbounded
 from torchrl.envs import EnvBase
 
 
@@ -87,3 +87,39 @@ class TorchCountingEnv(EnvBase):
         if self.close_marker:
             Path(self.close_marker).write_text("closed")
         super().close(raise_if_closed=raise_if_closed)
+
+
+class TextEnv(EnvBase):
+    """An unbatched TorchRL env with non-tensor entries: ``"text"`` is the step count as a string (or
+    ``prefix + count``); ``"blob"``, when ``blob_bytes`` > 0, a bytes object of that size (larger than a pipe's
+    buffer)."""
+
+    def __init__(self, prefix: str = "", blob_bytes: int = 0):
+        super().__init__()
+        self.prefix, self.blob_bytes = prefix, blob_bytes
+        entries = {"observation": Unbounded((1,)), "text": NonTensor(shape=(), example_data="0")}
+        if blob_bytes:
+            entries["blob"] = NonTensor(shape=(), example_data=b"")
+        self.observation_spec = Composite(entries, shape=())
+        self.action_spec = Categorical(2, shape=(1,))
+        self.reward_spec = Unbounded((1,))
+        self.count = 0
+
+    def _entries(self) -> dict:
+        entries = {"observation": torch.full((1,), float(self.count)), "text": f"{self.prefix}{self.count}"}
+        if self.blob_bytes:
+            entries["blob"] = bytes(self.blob_bytes)
+        return entries
+
+    def _reset(self, tensordict=None):
+        self.count = 0
+        return TensorDict({**self._entries(), "done": torch.zeros(1, dtype=torch.bool),
+                           "terminated": torch.zeros(1, dtype=torch.bool)}, [])
+
+    def _step(self, tensordict):
+        self.count += 1
+        done = torch.tensor([self.count >= 3])
+        return TensorDict({**self._entries(), "reward": torch.ones(1), "done": done, "terminated": done.clone()}, [])
+
+    def _set_seed(self, seed):
+        pass
