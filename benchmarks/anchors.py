@@ -199,12 +199,28 @@ def run_torchrl_collector(workload: str, num_envs: int, num_workers: int,
                                  num_workers, steps)
 
 
+def run_torchrl_step_loop(workload: str, num_envs: int, num_workers: int,
+                          steps: int) -> dict:
+    """TorchRL ``ParallelEnv`` through the public ``step_and_maybe_reset`` loop."""
+    return tdstyle.run_step_loop(torchrl_backend(), workload, num_envs,
+                                 num_workers, steps)
+
+
+def run_torchrl_in_torchrl_collector(workload: str, num_envs: int,
+                                     num_workers: int, steps: int) -> dict:
+    """TorchRL's ``Collector`` over ``TransformedEnv(TorchRL ParallelEnv, StepCounter())``."""
+    return tdstyle.run_torchrl_collector_over(torchrl_backend(), workload,
+                                              num_envs, num_workers, steps)
+
+
 ANCHORS = {
     "serial": run_serial,
     "gym_async": run_gym_async,
     "sb3_subproc": run_sb3_subproc,
     "torchrl_parallel": run_torchrl_parallel,
+    "torchrl_step_loop": run_torchrl_step_loop,
     "torchrl_collector": run_torchrl_collector,
+    "torchrl_in_torchrl_collector": run_torchrl_in_torchrl_collector,
 }
 
 def _close(obj) -> None:

@@ -88,9 +88,25 @@ def build_tdcollect_collector(workload: str, num_envs: int, num_workers: int):
                                    tdstyle.split_envs(num_envs, num_workers))
 
 
+def run_tdcollect_step_loop(workload: str, num_envs: int, num_workers: int,
+                            steps: int) -> dict:
+    """Our ``ParallelEnv`` through the public ``step_and_maybe_reset`` loop."""
+    return tdstyle.run_step_loop(tdcollect_backend(), workload, num_envs,
+                                 num_workers, steps)
+
+
+def run_tdcollect_in_torchrl_collector(workload: str, num_envs: int,
+                                       num_workers: int, steps: int) -> dict:
+    """TorchRL's ``Collector`` over ``TransformedEnv(our ParallelEnv, StepCounter())``."""
+    return tdstyle.run_torchrl_collector_over(tdcollect_backend(), workload,
+                                              num_envs, num_workers, steps)
+
+
 OURS = {
     "tdcollect_parallel": run_tdcollect_parallel,
+    "tdcollect_step_loop": run_tdcollect_step_loop,
     "tdcollect_collector": run_tdcollect_collector,
+    "tdcollect_in_torchrl_collector": run_tdcollect_in_torchrl_collector,
 }
 
 BUILDERS = {

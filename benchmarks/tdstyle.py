@@ -225,3 +225,69 @@ def run_collector(backend: Backend, workload: str, num_envs: int,
     return result(f"{backend.name}_collector", workload, num_envs, num_workers,
                   envs_per_worker, frames // num_envs, frames, seconds,
                   processes=num_workers, batches=batches)
+
+
+# ------------------------------------------------------- the public step path
+#: Random actions drawn before the timed loop and cycled through (drawing costs the user's policy, not the env).
+ACTION_BLOCK = 256
+
+
+def run_step_loop(backend: Backend, workload: str, num_envs: int,
+                  num_workers: int, steps: int) -> dict:
+    """Time a user loop on the public API: ``td["action"] = ...; _, td =
+    env.step_and_maybe_reset(td)`` (what TorchRL's collectors and most user
+    loops call), with actions drawn beforehand."""
+    envs_per_worker = split_envs(num_envs, num_workers)
+    with preserve_torch_threads():
+        env = backend.make_parallel(workload, num_workers, envs_per_worker)
+        try:
+            env.set_seed(0)
+            actions = [env.full_action_spec.rand()["action"] for _ in range(ACTION_BLOCK)]
+            td = env.reset()
+            for t in range(WARMUP_STEPS):
+                td["action"] = actions[t]
+                _, td = env.step_and_maybe_reset(td)
+            done, seconds = 0, 0.0
+            start = time.perf_counter()
+            while done < steps or seconds < MIN_TIMED_SECONDS:
+                td["action"] = actions[done % ACTION_BLOCK]
+                _, td = env.step_and_maybe_reset(td)
+                done += 1
+                if done % 64 == 0:
+                    seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start
+        finally:
+            env.close()
+    return result(f"{backend.name}_step_loop", workload, num_envs, num_workers,
+                  envs_per_worker, done, done * num_envs, seconds,
+                  processes=num_workers)
+
+
+def run_torchrl_collector_over(backend: Backend, workload: str, num_envs: int,
+                               num_workers: int, steps: int) -> dict:
+    """TorchRL's own single-process ``Collector`` over
+    ``TransformedEnv(<backend's ParallelEnv>, StepCounter())`` with the MLP
+    policy (sampling): frames/s after one warm-up batch."""
+    from torchrl.collectors import Collector
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    envs_per_worker = split_envs(num_envs, num_workers)
+    batches = max(2, math.ceil(num_envs * steps / FRAMES_PER_BATCH))
+    with preserve_torch_threads():
+        env = TransformedEnv(backend.make_parallel(workload, num_workers, envs_per_worker), StepCounter())
+        collector = Collector(env, make_policy(backend, workload), frames_per_batch=FRAMES_PER_BATCH,
+                              total_frames=-1)
+        try:
+            iterator = iter(collector)
+            next(iterator)
+            frames = 0
+            start = time.perf_counter()
+            for _ in range(batches):
+                frames += next(iterator).numel()
+            seconds = time.perf_counter() - start
+        finally:
+            collector.shutdown()
+            env.close(raise_if_closed=False)  # the collector may have closed it already
+    return result(f"{backend.name}_in_torchrl_collector", workload, num_envs, num_workers,
+                  envs_per_worker, frames // num_envs, frames, seconds,
+                  processes=num_workers, batches=batches)
