@@ -385,8 +385,10 @@ class BatchedEnv(EnvBase):
         try:
             return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
         except AttributeError:
-            if name.startswith("_") or not self.__dict__.get("_forwarding", False):
+            if name.startswith("__") or not self.__dict__.get("_forwarding", False):
                 raise
+            if name.startswith("_") and self.__dict__.get("is_closed", True):
+                raise  # a private name never restarts a closed env
         if not self.env_attribute((name,), "has")[0]:
             raise AttributeError(f"neither {type(self).__name__} nor its envs have an attribute {name!r}.")
         return EnvAttribute(self, (name,))

@@ -1,9 +1,11 @@
 """Attribute and method forwarding: ``env.some_attr`` / ``env.some_method(...)`` on a batched env reach the envs
 it runs (in its workers, or in this process), as with TorchRL's batched envs.
 
-``env.name`` (a public name the batched env itself lacks, held by its envs) returns an :class:`EnvAttribute`:
+``env.name`` (a name the batched env itself lacks, held by its envs; ``__special__`` names never, ``_private`` ones
+only while the env is open) returns an :class:`EnvAttribute`:
 
-- ``env.name(*args, **kwargs)`` calls the method on every env: a list, one result per env;
+- ``env.name(*args, **kwargs)`` calls the method on every env: a list, one result per env (``env.name()`` on a
+  plain attribute reads it);
 - ``list(env.name)`` / ``env.name[i]`` / ``len(env.name)`` read the attribute: one value per env;
 - ``env.name.sub`` chains (``env.nested.value``, ``env.nested.get_value()``).
 
@@ -40,8 +42,8 @@ class EnvAttribute:
         return self.values()[index]
 
     def __getattr__(self, name: str) -> EnvAttribute:
-        if name.startswith("_"):
-            raise AttributeError(f"private attributes are not forwarded to the envs (got {name!r}).")
+        if name.startswith("__"):
+            raise AttributeError(f"special attributes are not forwarded to the envs (got {name!r}).")
         return EnvAttribute(self._env, (*self._path, name))
 
     def __repr__(self) -> str:
@@ -57,6 +59,6 @@ def resolve_on_env(env: Any, path: tuple[str, ...], action: str, args: tuple = (
     if action == "has":
         return hasattr(obj, path[-1])
     value = getattr(obj, path[-1])
-    if action == "call":
+    if action == "call" and (callable(value) or args or kwargs):
         return value(*args, **(kwargs or {}))
-    return value
+    return value  # calling a plain attribute without arguments reads it, as TorchRL's batched envs do

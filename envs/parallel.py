@@ -177,14 +177,31 @@ class ParallelEnv(BatchedEnv):
         per_worker = self._reset_mask.reshape(self.num_workers, -1).any(1)
         return self._run_and_gather(RESET, np.flatnonzero(per_worker).tolist())
 
-    def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
-        for w in range(self.num_workers):  # one worker after the other: each one's envs chain the seed on
+    def _run_set_seed(self, seed: int | None, static_seed: bool, workers=None) -> int | None:
+        for w in range(self.num_workers) if workers is None else workers:  # in order: each chains the seed on
             seed = self._run(self._pool.call, "set_seed", [(seed, static_seed)], [w])[0]
         return seed
 
-    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None) -> list:
-        per_worker = self._run(self._pool.call, "env_attribute", [(path, action, args, kwargs)] * self.num_workers)
+    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None,
+                           workers=None) -> list:
+        workers = list(range(self.num_workers)) if workers is None else workers
+        per_worker = self._run(self._pool.call, "env_attribute", [(path, action, args, kwargs)] * len(workers),
+                               workers)
         return [value for values in per_worker for value in values]
+
+    # ----------------------------------------------------------------- indexing (see view.py)
+    def __getitem__(self, item) -> ParallelEnv:
+        """``env[i]``, ``env[1:3]``, ``env[[0, 2]]``: a live view of those workers (see ``view.py``)."""
+        from .view import WorkerView, worker_indices  # view.py builds on this module
+
+        self._ensure_open()
+        return WorkerView(self, worker_indices(item, self.num_workers))
+
+    def __setitem__(self, item, value) -> None:
+        raise NotImplementedError(
+            "writing an env into a ParallelEnv (snapshot writeback) is not supported: its envs are built in their "
+            "workers from constructors; use update_kwargs() and restart it instead."
+        )
 
     def _run(self, fn, *args):
         """Run a pool command. Failed workers are replaced while ``max_restarts`` allows (then the command's

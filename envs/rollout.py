@@ -39,7 +39,9 @@ def policy_rollout(env, root: TensorDictBase, policy, max_steps: int, break_when
     steps = []
     td = root
     for _ in range(max_steps):
-        td = policy(td)
+        out = policy(td)
+        if out is not td:  # a policy that returns a new TensorDict: its entries join the state, as in TorchRL
+            td.update(out)
         td, next_root = env.step_and_maybe_reset(td)
         steps.append(td)
         if break_when_any_done and env.next_done.any():

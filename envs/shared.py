@@ -20,6 +20,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 
+from .errors import ArgumentError
+
 
 @dataclass
 class EnvSpecs:
@@ -94,6 +96,13 @@ def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict
     """Zero-filled buffers of batch ``[num_envs, *specs.batch_shape]`` for every tensor entry (non-tensor entries
     are left out); in shared memory when ``shared``."""
     spec = specs.buffer_spec()
+    dynamic = [f"{key} {tuple(spec[key].shape)}" for key in spec.keys(True, True) if -1 in spec[key].shape]
+    if dynamic:
+        raise ArgumentError(
+            f"the envs' specs are dynamic (a dimension of -1: {', '.join(dynamic)}): the buffers, allocated once, "
+            "need fixed shapes. Pad the entries to a fixed size in the env (or a transform), or use "
+            "torchrl.envs.ParallelEnv(..., use_buffers=False) for envs whose shapes change from step to step."
+        )
     buffers = spec.expand(num_envs, *specs.batch_shape).zero().exclude(*non_tensor_keys(spec))
     return buffers.share_memory_() if shared else buffers
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -111,8 +112,9 @@ def test_attribute_and_method_forwarding(no_leaks):
         assert env.nested.get_value() == [42] * 4
         assert env.max_steps[3] == 5 and len(env.max_steps) == 4
         assert not hasattr(env, "no_such_attribute")
-        with pytest.raises(AttributeError):
-            env._private_thing  # noqa: B018 - private names are never forwarded
+        assert list(env._private_count) == [7] * 4  # private names too, while the env is open
+        env.close()
+        assert not hasattr(env, "_private_count") and env.is_closed  # and they never restart a closed env
 
 
 def test_set_seed_equals_torchrl_serial_env(no_leaks):
@@ -131,6 +133,12 @@ def test_set_seed_equals_torchrl_serial_env(no_leaks):
     finally:
         ours.close()
         theirs.close()
+
+
+def test_dynamic_specs_are_refused_with_the_fix(no_leaks):
+    with pytest.raises(RuntimeError, match=r"dynamic \(a dimension of -1.*use_buffers=False"):
+        ParallelEnv(2, functools.partial(TorchCountingEnv, dynamic=True))
+    assert not live_children()
 
 
 def test_close_runs_in_the_worker(tmp_path, no_leaks):
@@ -265,3 +273,55 @@ def test_non_tensor_entries_refused_where_they_would_be_lost(no_leaks):
         collector = MultiSyncCollector([TextEnv], frames_per_batch=4, total_frames=8)
         next(iter(collector))
     assert not live_children()
+
+
+# ----------------------------------------------------------------- indexing
+def test_indexing_gives_a_live_view_of_workers(no_leaks):
+    with ParallelEnv(4, TorchCountingEnv, envs_per_worker=2) as env:
+        env.reset()
+        for item, workers in ((2, [2]), (-1, [3]), (slice(1, 3), [1, 2]), (np.array([0, 3]), [0, 3]),
+                              (torch.tensor([1, 3]), [1, 3])):
+            env.reset()
+            view = env[item]
+            assert isinstance(view, ParallelEnv) and view.num_workers == len(workers)
+            assert view.batch_size == (2 * len(workers),)
+            view.step(action_of(view, 1).update(view.reset()))
+            expected = [1.0 if i // 2 in workers else 0.0 for i in range(8)]
+            assert env.root_buffer["observation"].squeeze(-1).tolist() == expected  # the parent stepped them
+            assert view.custom_fun() == [0] * (2 * len(workers))
+            view.close()
+            assert not env.is_closed
+        env.rand_step(env.reset())
+        view = env[1:]
+        view.close()
+        with pytest.raises(RuntimeError, match="closed indexed view"):
+            view.reset()
+        view = env[:2]
+        env.close()
+        with pytest.raises(RuntimeError, match="parent environment has been closed"):
+            view.reset()
+    with ParallelEnv(2, TorchCountingEnv) as env, pytest.raises(NotImplementedError, match="Boolean masks"):
+        env[torch.ones(2, dtype=torch.bool)]
+
+
+def test_a_view_keeps_its_parent_alive(no_leaks):
+    env = ParallelEnv(2, TorchCountingEnv)
+    env = env[:1]
+    assert env.rollout(3).shape == (1, 3)
+    env.parent.close()
+    with pytest.raises(NotImplementedError, match="snapshot writeback"):
+        env.parent[0] = TorchCountingEnv()
+
+
+def test_rollout_with_a_policy_that_returns_a_new_tensordict(no_leaks):
+    def in_place(td):
+        return td.set("action", torch.ones(*td.shape, 1, dtype=torch.int64))
+
+    def out_of_place(td):
+        return td.empty().set("action", torch.ones(*td.shape, 1, dtype=torch.int64))
+
+    with ParallelEnv(2, TorchCountingEnv) as env:
+        runs = []
+        for policy in (in_place, out_of_place):
+            runs.append(env.rollout(7, policy, break_when_any_done=False))
+        assert (runs[0] == runs[1]).all()

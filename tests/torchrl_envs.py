@@ -25,20 +25,23 @@ class TorchCountingEnv(EnvBase):
     ``batch_size``: the env's own batch (a batched TorchRL env). ``nested_done``: the done flags live only under
     ``("agents", ...)`` (multi-agent style), none at the root. ``one_hot``: the action is a one-hot ``[4]``.
     ``close_marker``: a path written when ``close()`` runs. ``seed_offset``: added to every observation (so that
-    constructors with different kwargs give different data).
+    constructors with different kwargs give different data). ``dynamic``: declare a ragged entry (shape -1).
     """
 
     def __init__(self, max_steps: int = 5, batch_size=(), nested_done: bool = False, one_hot: bool = False,
-                 close_marker: str | None = None, seed_offset: float = 0.0):
+                 close_marker: str | None = None, seed_offset: float = 0.0, dynamic: bool = False):
         super().__init__(batch_size=torch.Size(batch_size))
         self.max_steps, self.nested_done, self.one_hot = max_steps, nested_done, one_hot
         self.close_marker, self.seed_offset = close_marker, seed_offset
         self.custom_attr = 1
+        self._private_count = 7
         self.nested = Nested()
         self.seeds: list = []
         self.threads_at_construction = torch.get_num_threads()
         b = self.batch_size
         self.observation_spec = Composite(observation=Unbounded((*b, 1)), last_action=Unbounded((*b, 1)), shape=b)
+        if dynamic:  # a ragged entry, as TorchRL's dynamic specs declare it
+            self.observation_spec["history"] = Unbounded((*b, -1))
         action = OneHot(4, shape=(*b, 4)) if one_hot else Categorical(4, shape=(*b, 1))
         self.action_spec = action
         self.reward_spec = Unbounded((*b, 1))
