@@ -448,6 +448,7 @@ class BatchedEnv(EnvBase):
         self._shutdown()
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
         self._step_buffers = self._root = self._next = self._next_done = None
+        self._copy_root = self._copy_next = self._done_leaves = None  # they hold views of the buffers too
         self._action_slots = []
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 
 from .errors import ArgumentError
@@ -98,12 +98,21 @@ def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict
     spec = specs.buffer_spec()
     dynamic = [f"{key} {tuple(spec[key].shape)}" for key in spec.keys(True, True) if -1 in spec[key].shape]
     if dynamic:
+        more = f" and {len(dynamic) - 4} more" if len(dynamic) > 4 else ""
         raise ArgumentError(
-            f"the envs' specs are dynamic (a dimension of -1: {', '.join(dynamic)}): the buffers, allocated once, "
-            "need fixed shapes. Pad the entries to a fixed size in the env (or a transform), or use "
-            "torchrl.envs.ParallelEnv(..., use_buffers=False) for envs whose shapes change from step to step."
+            f"the envs' specs are dynamic (a dimension of -1, from shapes that change or from heterogeneous entries "
+            f"stacked lazily: {', '.join(dynamic[:4])}{more}): the buffers, allocated once, need fixed shapes. Pad "
+            "the entries to a fixed size in the env (or a transform), or use "
+            "torchrl.envs.ParallelEnv(..., use_buffers=False) for these envs."
         )
     buffers = spec.expand(num_envs, *specs.batch_shape).zero().exclude(*non_tensor_keys(spec))
+    stacked = [key for key, value in buffers.items(True) if isinstance(value, LazyStackedTensorDict)]
+    if isinstance(buffers, LazyStackedTensorDict) or stacked:
+        raise ArgumentError(
+            f"the envs' specs are heterogeneous (entries of different shapes stacked lazily, e.g. one per agent: "
+            f"{stacked or 'at the top'}): the buffers need one shape per entry. Give every agent group its own key "
+            "with one shape, or use torchrl.envs.ParallelEnv for these envs."
+        )
     return buffers.share_memory_() if shared else buffers
 
 

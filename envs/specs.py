@@ -123,7 +123,8 @@ def check_same_specs(specs: dict, advice: str) -> None:
     for label, other in rest:
         diffs = spec_differences(reference, other.as_composite())
         if diffs:
-            raise SpecMismatchError(f"{label} has other specs than {first}: {'; '.join(diffs)}. {advice}")
+            raise SpecMismatchError(f"{label} has other specs than {first} (their metadata are incompatible): "
+                                    f"{'; '.join(diffs)}. {advice}")
 
 
 def agreed_specs(first_start, infos: dict, advice: str):
