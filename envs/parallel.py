@@ -185,9 +185,12 @@ class ParallelEnv(BatchedEnv):
     def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None,
                            workers=None) -> list:
         workers = list(range(self.num_workers)) if workers is None else workers
-        per_worker = self._run(self._pool.call, "env_attribute", [(path, action, args, kwargs)] * len(workers),
-                               workers)
-        return [value for values in per_worker for value in values]
+        for _ in range(2):  # a worker replaced during the call (max_restarts) answers on the second try
+            per_worker = self._run(self._pool.call, "env_attribute", [(path, action, args, kwargs)] * len(workers),
+                                   workers)
+            if per_worker is not None:
+                return [value for values in per_worker for value in values]
+        raise RuntimeError(f"{self.owner}: workers were replaced twice while answering a call to {path}.")
 
     # ----------------------------------------------------------------- indexing (see view.py)
     def __getitem__(self, item) -> ParallelEnv:

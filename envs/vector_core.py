@@ -1,0 +1,332 @@
+"""What the two vector facades (``vector.ParallelVectorEnv``, ``sb3_vec_env.ParallelVecEnv``) share: a
+ParallelEnv running the users' gymnasium envs behind ``vector_worker.EngineEnv``, the mailbox of infos, numpy
+in and out of the buffers (``vector_layout``), calls into the workers, and the errors raised in the main
+process.
+
+Every env is built in its worker (``vector_worker.WorkerFactory``), never here: the spaces, metadata and
+render mode of each env are asked from the workers after the start-up.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import multiprocessing
+import os
+import pickle
+import types
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from . import vector_worker
+from .errors import EnvWorkerError, SpecMismatchError, WorkerError
+from .factories import check_factory
+from .parallel import ParallelEnv
+from .vector_layout import Actions, Observations
+from .vector_worker import RESET, Mailbox, WorkerFactory
+
+
+class SpaceMismatchError(SpecMismatchError, RuntimeError):
+    """The envs of one vector env disagree on their spaces (a ``SpecMismatchError`` that is also a
+    ``RuntimeError``, the error gymnasium's vector envs raise for it)."""
+
+
+class VectorEngine(ParallelEnv):
+    """A ParallelEnv that reaches the ``vector_worker.EngineEnv`` of every env with requests (see :meth:`serve`)."""
+
+    def serve(self, requests: dict) -> list:
+        """``EngineEnv.serve_requests(requests)`` on every env (through ``env_attribute``, which asks again when
+        a worker was replaced on the way): the replies, one list per env in env order."""
+        if self.is_closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed; its workers were stopped.")
+        return self.env_attribute(("serve_requests",), "call", (requests,))
+
+
+_ENGINE_CLASSES: dict[str, type] = {}
+
+
+def engine_class(owner: str) -> type:
+    """A :class:`VectorEngine` subclass named ``owner``: the engine's messages and worker names use it."""
+    if owner not in _ENGINE_CLASSES:
+        _ENGINE_CLASSES[owner] = types.new_class(owner, (VectorEngine,), exec_body=lambda ns: ns.update(
+            {"__module__": __name__, "__doc__": f"The engine of a {owner}."}))
+    return _ENGINE_CLASSES[owner]
+
+
+def split_envs(num_envs: int, num_workers: int | None, envs_per_worker: int | None, owner: str) -> tuple[int, int]:
+    """``(num_workers, envs_per_worker)`` for ``num_envs`` envs: as given (they must multiply to ``num_envs``),
+    or by default the largest number of workers that divides ``num_envs`` and fits in the usable cores."""
+    for name, value in (("num_workers", num_workers), ("envs_per_worker", envs_per_worker)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{owner}: {name} must be an int >= 1 (or None), got {value!r}.")
+    if num_workers is None and envs_per_worker is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        num_workers = max(d for d in range(1, min(num_envs, cores) + 1) if num_envs % d == 0)
+    elif num_workers is None:
+        num_workers = num_envs // envs_per_worker
+    envs_per_worker = envs_per_worker or num_envs // num_workers
+    if num_workers * envs_per_worker != num_envs:
+        raise ValueError(f"{owner}: {num_envs} envs cannot be split into num_workers={num_workers} x "
+                         f"envs_per_worker={envs_per_worker}; choose values that multiply to {num_envs}.")
+    return num_workers, envs_per_worker
+
+
+def check_start_method(method: str | None, owner: str) -> str | None:
+    """``method`` if it is one of this platform's start methods (or None: the engine's default); else the
+    ``ValueError`` of ``multiprocessing.get_context``, naming the choices."""
+    if method is None:
+        return None
+    try:
+        multiprocessing.get_context(method)
+    except ValueError as err:
+        raise ValueError(f"{err}: {owner} takes one of {multiprocessing.get_all_start_methods()} "
+                         "(or None for the default, 'fork' on Linux).") from None
+    return method
+
+
+class EngineCore:
+    """The envs of ``env_fns`` in ``num_workers`` processes of ``envs_per_worker`` envs each (env ``i`` in worker
+    ``i // envs_per_worker``), stepped with autoreset ``mode`` (``vector_worker.SAME_STEP`` / ``NEXT_STEP`` /
+    ``DISABLED``).
+
+    Attributes: ``num_envs``; ``spaces`` (per env: ``{"observation_space", "action_space", "metadata",
+    "render_mode"}``, asked from the workers); ``observations`` (:class:`~.vector_layout.Observations`);
+    ``reward``, ``terminated``, ``truncated`` (numpy views ``[num_envs]`` of the last step's results);
+    ``done`` (bool ``[num_envs]``).
+    """
+
+    def __init__(self, env_fns: Sequence[Callable], *, owner: str, mode: str, num_workers: int | None = None,
+                 envs_per_worker: int | None = None, start_method: str | None = None, timeout: float = 120.0,
+                 max_restarts: int = 0, spin_s: float | None = None, raw_final: bool = False,
+                 patch: Callable | None = None):
+        if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence) or not env_fns:
+            raise TypeError(f"{owner} takes a non-empty list of env constructors, one per env, got {env_fns!r}.")
+        fns = list(env_fns)
+        for fn in fns:
+            check_factory(fn, owner)
+        self.owner, self.num_envs = owner, len(fns)
+        workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
+        self.num_workers, self.envs_per_worker = workers, k
+        self.token = uuid.uuid4().hex
+        self.mailbox = Mailbox.create(self.num_envs)
+        factories = [WorkerFactory(self.token, w, w * k, fns[w * k : (w + 1) * k], mode, self.mailbox.address,
+                                   raw_final, patch) for w in range(workers)]
+        try:
+            self.engine = engine_class(owner)(
+                workers, factories, envs_per_worker=k, mp_start_method=check_start_method(start_method, owner),
+                timeout=timeout, check_actions=False, max_restarts=max_restarts, spin_s=spin_s)
+        except EnvWorkerError as err:
+            self.mailbox.release()
+            raise worker_exception(err, None) from None
+        except SpecMismatchError as err:
+            self.mailbox.release()
+            raise SpaceMismatchError(str(err)) from None
+        except BaseException:
+            self.mailbox.release()
+            raise
+        self._finalizer = weakref.finalize(self, _shut_down, self.engine, self.mailbox)
+        try:
+            self.spaces = self.request("spaces", range(self.num_envs))
+            engine = self.engine
+            self.observations = Observations(self.spaces[0]["observation_space"], engine.root_buffer,
+                                             engine.next_buffer)
+            self.actions = Actions(self.spaces[0]["action_space"], engine.action_buffers, self.num_envs)
+            self.reward, self.terminated, self.truncated = (
+                engine.next_buffer.get(key).numpy()[:, 0] for key in ("reward", "terminated", "truncated"))
+            self.done = engine.next_done
+        except BaseException:
+            self.close()
+            raise
+
+    # ----------------------------------------------------------------- stepping
+    @property
+    def is_closed(self) -> bool:
+        """True once closed, or once the engine shut itself down (a worker died or hung)."""
+        return not self._finalizer.alive or self.engine.is_closed
+
+    def write_actions(self, actions) -> None:
+        """Check ``actions`` (a batch in the structure of the action space) and copy them into the buffers."""
+        self.actions.write(actions)
+
+    def step(self) -> None:
+        """Step every env with the actions written; results in the buffers and the mailbox."""
+        with self._translated():
+            self.engine.step_buffers()
+
+    def reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence) -> None:
+        """Reset every env (``mask`` None) or those where ``mask`` (bool ``[num_envs]``) is True; env ``i`` with
+        ``seeds[i]`` and ``options[i]`` (None: none). The observations are then in the root buffer."""
+        chosen = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
+        prepared = [i for i in chosen if seeds[i] is not None or options[i] is not None]
+        if prepared:
+            self.request("prepare_reset", prepared, [(seeds[i], options[i]) for i in prepared])
+        control = self.mailbox.control
+        control[:] = 1 if mask is None else mask
+        try:
+            self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
+            with self._translated():
+                if mask is None:
+                    self.engine.reset()
+                else:
+                    reset = torch.as_tensor(np.asarray(mask, dtype=bool)).reshape(self.num_envs, 1)
+                    self.engine.reset(TensorDict({"_reset": reset}, batch_size=[self.num_envs]))
+        finally:
+            if self.mailbox.control is not None:
+                self.mailbox.control[:] = 0
+
+    def take_posts(self) -> list[dict] | None:
+        """What the envs posted since the last call: ``[step infos, reset infos, final observations]``, each
+        ``{env index: value}``; None when nothing was posted (the common case: one check of the lengths)."""
+        lengths = self.mailbox.lengths
+        if not lengths.any():
+            return None
+        posts: list[dict] = [{}, {}, {}]
+        overflow = []
+        for i, kind in np.argwhere(lengths).tolist():
+            size = int(lengths[i, kind])
+            if size > 0:
+                posts[kind][i] = self.mailbox.read(i, kind, size)
+            else:
+                overflow.append((i, kind))
+        lengths[:] = 0
+        if overflow:
+            values = self.request("overflow", [i for i, _ in overflow], [(kind,) for _, kind in overflow])
+            for (i, kind), value in zip(overflow, values):
+                posts[kind][i] = value
+        return posts
+
+    def reset_posts(self) -> dict:
+        """``{env index: reset info}`` posted by the last reset (other posts are dropped)."""
+        posts = self.take_posts()
+        return {} if posts is None else posts[RESET]
+
+    # ----------------------------------------------------------------- calls
+    def request(self, op: str, indices, args: tuple | list = ()) -> list:
+        """Run ``vector_worker.OPS[op]`` on env ``i`` for each ``i`` in ``indices`` (in that order) with ``args``
+        (one tuple for all, or a list of one tuple per index); the results in the same order. An exception
+        raised by an env is raised here, with the env index and the worker's traceback in a note."""
+        indices = [int(i) for i in indices]
+        requests: dict[int, list] = {}
+        for position, i in enumerate(indices):
+            requests.setdefault(i, []).append((position, op, args[position] if isinstance(args, list) else args))
+        replies: list = [None] * len(indices)
+        for env_replies in self._serve(requests):
+            for position, *reply in env_replies:
+                replies[position] = reply
+        return [_result(*reply, i, op) for reply, i in zip(replies, indices)]
+
+    def _serve(self, requests: dict) -> list:
+        with self._translated():
+            return self.engine.serve(requests)
+
+    @contextlib.contextmanager
+    def _translated(self):
+        """Raise an env's exception as :func:`worker_exception` makes it."""
+        try:
+            yield
+        except EnvWorkerError as err:
+            raise worker_exception(err, self._original_error(err)) from None
+
+    def _original_error(self, err: EnvWorkerError) -> BaseException | None:
+        """The exception object an env of ``err``'s worker raised in its last step/reset, when it can be had."""
+        if self.engine.is_closed:
+            return None
+        k = self.envs_per_worker
+        requests = {i: [(0, "take_error", ())] for i in range(err.worker * k, (err.worker + 1) * k)}
+        try:
+            for env_replies in self.engine.serve(requests):
+                for _, ok, blob, _ in env_replies:
+                    error = pickle.loads(blob) if ok else None
+                    if error is not None:
+                        return error
+        except Exception:  # noqa: BLE001 - the error's type name is used instead
+            return None
+        return None
+
+    # ----------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Stop the workers, free the buffers and the mailbox; idempotent."""
+        self.observations = self.actions = None
+        self.reward = self.terminated = self.truncated = self.done = None
+        self._finalizer()
+
+
+def _shut_down(engine: VectorEngine, mailbox: Mailbox) -> None:
+    try:
+        engine.close()
+    finally:
+        mailbox.release()
+
+
+def _result(ok: bool, blob: bytes | None, text: str, index: int, op: str):
+    """A reply of ``serve``: the value, or raise the env's exception."""
+    if ok:
+        try:
+            return pickle.loads(blob)
+        except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
+            raise TypeError(f"env {index}: the result of {op!r} cannot be read in the main process "
+                            f"({type(exc).__name__}: {exc}).") from None
+    try:
+        error = pickle.loads(blob) if blob is not None else None
+    except Exception:  # noqa: BLE001 - the text is raised instead
+        error = None
+    if not isinstance(error, BaseException):
+        error = RuntimeError(text.splitlines()[0] if text else f"env {index} failed in {op!r}")
+    if hasattr(error, "add_note"):
+        error.add_note(f"(raised by env {index} in its worker process, during {op!r})\n{text.rstrip()}")
+    raise error
+
+
+# ----------------------------------------------------------------- env errors as their own type
+_COMBINED: dict[type, type | None] = {}
+
+
+def worker_exception(err: EnvWorkerError, original: BaseException | None) -> BaseException:
+    """``err`` as an exception that is both an :class:`EnvWorkerError` (worker index, message, the worker's
+    traceback) and an instance of the type the env raised (``original``'s, or the type of that name among the
+    builtins, gymnasium's errors and this package's), so that ``except ValueError`` catches an env's
+    ``ValueError`` as it would in a single process. When no such type can be made (its layout forbids it),
+    ``original`` itself with ``err`` as its cause; ``err`` when neither is known."""
+    cls = type(original) if isinstance(original, Exception) else _exception_type(err.exc_type)
+    if cls is None or issubclass(cls, WorkerError):
+        return err
+    combined = _combined(cls)
+    if combined is None:
+        if original is None:
+            return err
+        original.__cause__ = err
+        return original
+    try:
+        new = combined(str(err))
+    except Exception:  # noqa: BLE001 - a type whose constructor refuses the message: raise the original
+        if original is None:
+            return err
+        original.__cause__ = err
+        return original
+    new.__dict__.update(err.__dict__)
+    return new
+
+
+def _exception_type(name: str) -> type | None:
+    cls = getattr(vector_worker, name, None) or getattr(builtins, name, None) or getattr(gym.error, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
+
+
+def _message_init(self, message: str) -> None:
+    BaseException.__init__(self, message)  # the attributes of the EnvWorkerError are copied in afterwards
+
+
+def _combined(cls: type) -> type | None:
+    if cls not in _COMBINED:
+        try:
+            _COMBINED[cls] = types.new_class(f"Worker{cls.__name__}", (EnvWorkerError, cls), exec_body=lambda ns: (
+                ns.update({"__module__": __name__, "__init__": _message_init,
+                           "__doc__": f"A {cls.__name__} raised by an env in its worker."})))
+        except TypeError:  # e.g. OSError: its instance layout cannot be combined with another
+            _COMBINED[cls] = None
+    return _COMBINED[cls]

@@ -1,0 +1,387 @@
+"""The worker side of the vector facades (``vector.py``, ``sb3_vec_env.py``): what runs inside ParallelEnv's workers.
+
+Each user env is built in its worker by a :class:`WorkerFactory` and stepped by the engine behind an
+:class:`EngineEnv`, which adds what the engine itself does not carry:
+
+- **infos**: every non-empty info dict an env returns is pickled into a shared-memory :class:`Mailbox` slot of
+  its env (``STEP``: the step's info; ``RESET``: the info of a reset; ``FINAL``: the raw final observation, when
+  the facade asks for it). The main process reads only the slots whose length is not zero, so envs without
+  infos cost one ``if`` per step. An info larger than a slot stays in the worker and is fetched with a call.
+- **autoreset modes**: the engine resets an env in the step where it ended. ``SAME_STEP`` keeps that;
+  ``NEXT_STEP`` keeps the final state for one more step and resets on the following one (whose action is
+  ignored); ``DISABLED`` keeps the final state until the main process asks for a reset. The main process marks
+  its own resets in ``Mailbox.control``, so they are told apart from the engine's automatic ones.
+- **observation spaces** as the engine sees them (:func:`engine_space`): bounds dropped (envs of one batch may
+  differ in bounds), ``Discrete``/``MultiDiscrete`` as integer ``Box`` (values are moved as they are, no
+  ``start`` shift), unsigned integers wider than a byte in a wider signed type (:data:`WIDENED`), a
+  ``Dict``/``Tuple`` under one key ``"obs"``.
+- **calls**: :meth:`EngineEnv.serve_requests` runs requests (``get_attr``, ``env_method``, ...) on its env; the
+  main process reaches it through ParallelEnv's ``env_attribute``. Every result comes back pickled, or as the
+  exception it raised, so one bad value never breaks the exchange.
+
+Mailbox layout (one shared-memory block, ``n`` envs, ``cap`` bytes per slot)::
+
+    control  uint8  [n]          1: the next reset of env i is the main process' own
+    lengths  int32  [n, 3]       per env and kind (STEP, RESET, FINAL): 0 nothing, > 0 bytes in the slot,
+                                 -1 too large for the slot (kept in the worker)
+    data     uint8  [n, 3, cap]  the pickled values
+"""
+from __future__ import annotations
+
+import pickle
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing import shared_memory
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
+STEP, RESET, FINAL = 0, 1, 2
+KINDS = 3
+SLOT_BYTES = 4096
+_NO_INFO: dict = {}  # what EngineEnv hands the engine as info (the engine ignores it; infos go to the mailbox)
+
+
+class UnsupportedSpaceError(TypeError, ValueError):
+    """A space the shared buffers cannot hold (anything but Box, Discrete, MultiDiscrete, MultiBinary, Dict,
+    Tuple)."""
+
+
+# ----------------------------------------------------------------- mailbox
+class Mailbox:
+    """The shared-memory block described in the module docstring. :meth:`create` in the main process (which
+    unlinks it in :meth:`release`), :meth:`attach` in a worker."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, num_envs: int, capacity: int):
+        self.shm, self.num_envs, self.capacity = shm, num_envs, capacity
+        self._buf = shm.buf
+        self.control = np.ndarray((num_envs,), np.uint8, buffer=self._buf, offset=0)
+        self._lengths_at = -(-num_envs // 8) * 8
+        self.lengths = np.ndarray((num_envs, KINDS), np.int32, buffer=self._buf, offset=self._lengths_at)
+        self._data_at = self._lengths_at + num_envs * KINDS * 4
+
+    @classmethod
+    def create(cls, num_envs: int, capacity: int = SLOT_BYTES) -> Mailbox:
+        lengths_at = -(-num_envs // 8) * 8
+        size = lengths_at + num_envs * KINDS * (4 + capacity)
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        box = cls(shm, num_envs, capacity)
+        box.control[:] = 0
+        box.lengths[:] = 0
+        return box
+
+    @property
+    def address(self) -> tuple:
+        """What a worker needs to :meth:`attach`: ``(name, num_envs, capacity)``."""
+        return self.shm.name, self.num_envs, self.capacity
+
+    @classmethod
+    def attach(cls, address: tuple) -> Mailbox:
+        """The mailbox at ``address``, attached once per process."""
+        box = _ATTACHED.get(address)
+        if box is None:
+            name, num_envs, capacity = address
+            box = _ATTACHED[address] = cls(shared_memory.SharedMemory(name=name), num_envs, capacity)
+        return box
+
+    def _slot(self, i: int, kind: int) -> int:
+        return self._data_at + (i * KINDS + kind) * self.capacity
+
+    def put(self, env: EngineEnv, kind: int, value) -> None:
+        """Post ``value`` in ``env``'s slot of ``kind`` (in the worker); too large: kept in ``env.overflow``."""
+        try:
+            blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - one clear error for any pickling failure
+            what = "final observation" if kind == FINAL else "info"
+            raise TypeError(f"env {env.index}: its {what} cannot be sent to the main process "
+                            f"({type(exc).__name__}: {exc}); return picklable values.") from exc
+        i = env.index
+        if len(blob) <= self.capacity:
+            start = self._slot(i, kind)
+            self._buf[start : start + len(blob)] = blob
+            self.lengths[i, kind] = len(blob)
+        else:
+            env.overflow[kind] = value
+            self.lengths[i, kind] = -1
+
+    def read(self, i: int, kind: int, size: int):
+        """The value posted in env ``i``'s slot of ``kind`` (``size`` bytes; in the main process)."""
+        start = self._slot(i, kind)
+        try:
+            return pickle.loads(self._buf[start : start + size])
+        except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
+            raise TypeError(f"env {i}: an info it returned cannot be read in the main process "
+                            f"({type(exc).__name__}: {exc}).") from exc
+
+    def release(self) -> None:
+        """Drop the views, close and unlink the block (main process; idempotent)."""
+        if self._buf is None:
+            return
+        self.control = self.lengths = self._buf = None
+        try:
+            self.shm.close()
+        except BufferError:  # a view is still referenced somewhere: the memory goes with it
+            pass
+        try:
+            self.shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+_ATTACHED: dict[tuple, Mailbox] = {}
+
+
+# ----------------------------------------------------------------- spaces
+def engine_space(space: spaces.Space) -> spaces.Space:
+    """The observation space the engine is given for an env whose own space is ``space`` (see the module
+    docstring); raises :class:`UnsupportedSpaceError` for spaces the shared buffers cannot hold."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        return spaces.Dict({"obs": _relaxed(space)})
+    return _relaxed(space)
+
+
+#: integer dtypes the buffers hold in a wider signed type (the main process casts them back)
+WIDENED = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64),
+           np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+def _relaxed(space: spaces.Space) -> spaces.Space:
+    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
+        return spaces.Box(-np.inf, np.inf, shape=space.shape, dtype=space.dtype)
+    integer_spaces = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete)
+    if isinstance(space, integer_spaces) and np.issubdtype(space.dtype, np.integer):
+        dtype = WIDENED.get(np.dtype(space.dtype), space.dtype)
+        info = np.iinfo(dtype)
+        return spaces.Box(info.min, info.max, shape=space.shape, dtype=dtype)
+    if isinstance(space, spaces.Box):
+        return space
+    if isinstance(space, spaces.MultiBinary):
+        return space
+    if isinstance(space, spaces.Dict):
+        return spaces.Dict({key: _relaxed(sub) for key, sub in space.spaces.items()})
+    if isinstance(space, spaces.Tuple):
+        return spaces.Tuple([_relaxed(sub) for sub in space.spaces])
+    raise UnsupportedSpaceError(
+        f"observation space {space!r} cannot be moved through shared memory: the vector facades support Box, "
+        "Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of these."
+    )
+
+
+def engine_action_space(space: spaces.Space) -> tuple[spaces.Space, Callable | None]:
+    """``(the action space the engine is given, a function casting its actions back, or None)``: a Box or
+    MultiDiscrete of a :data:`WIDENED` dtype (at any depth of a Dict/Tuple) is given in the wider type, which
+    the buffers can hold."""
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        names = list(space.spaces) if isinstance(space, spaces.Dict) else list(range(len(space.spaces)))
+        parts = {name: engine_action_space(space[name]) for name in names}
+        casts = {name: cast for name, (_, cast) in parts.items() if cast is not None}
+        if not casts:
+            return space, None
+        if isinstance(space, spaces.Dict):
+            wide = spaces.Dict({name: sub for name, (sub, _) in parts.items()})
+            return wide, lambda a: {name: casts[name](v) if name in casts else v for name, v in a.items()}
+        wide = spaces.Tuple([parts[j][0] for j in names])
+        return wide, lambda a: tuple(casts[j](v) if j in casts else v for j, v in enumerate(a))
+    dtype = np.dtype(space.dtype) if isinstance(space, (spaces.Box, spaces.MultiDiscrete)) else None
+    if dtype not in WIDENED:
+        return space, None
+    wide = WIDENED[dtype]
+    if isinstance(space, spaces.Box):
+        wide_space = spaces.Box(space.low.astype(wide), space.high.astype(wide), dtype=wide)
+    else:
+        wide_space = spaces.MultiDiscrete(space.nvec.astype(wide), dtype=wide, start=space.start.astype(wide))
+    return wide_space, lambda a: np.asarray(a).astype(dtype)
+
+
+# ----------------------------------------------------------------- the env the engine steps
+class EngineEnv(gym.Env):
+    """The user's env (``self.env``) as the engine steps it, with the facade's autoreset ``mode``; posts infos
+    to ``mailbox`` (``raw_final``: also the final observation of a non-Box space, as the env returned it)."""
+
+    def __init__(self, env: gym.Env, index: int, mode: str, mailbox: Mailbox, raw_final: bool):
+        self.env, self.index, self.mode, self.mailbox = env, index, mode, mailbox
+        # a Box observation is read back from the buffers exactly; any other is posted as the env returned it
+        self.raw_final = raw_final and not isinstance(env.observation_space, spaces.Box)
+        self.observation_space = engine_space(env.observation_space)
+        self.action_space, self._cast_action = engine_action_space(env.action_space)
+        self._nested = isinstance(env.observation_space, (spaces.Dict, spaces.Tuple))
+        self._ended = False  # the last step ended an episode: the engine's automatic reset comes next
+        self._reset_on_step = False  # NEXT_STEP: the next step resets the env instead of stepping it
+        self._final = None  # the final observation (engine layout), given back when a reset is held back
+        self._pending: tuple | None = None  # (seed, options) for the next reset the main process asks for
+        self.last_error: BaseException | None = None
+        self.overflow: dict[int, object] = {}
+
+    def step(self, action):
+        try:
+            if self._reset_on_step:
+                self._reset_on_step = False
+                obs, info = self.env.reset()
+                if info:
+                    self.mailbox.put(self, STEP, info)
+                return ({"obs": obs} if self._nested else obs), 0.0, False, False, _NO_INFO
+            if self._cast_action is not None:
+                action = self._cast_action(action)
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if info:
+                self.mailbox.put(self, STEP, info)
+            if self._nested:
+                obs_out = {"obs": obs}
+            else:
+                obs_out = obs
+            if terminated or truncated:
+                self._ended = True
+                self._final = obs_out
+                if self.raw_final:
+                    self.mailbox.put(self, FINAL, obs)
+            return obs_out, reward, terminated, truncated, _NO_INFO
+        except BaseException as exc:
+            self.last_error = exc
+            raise
+
+    def reset(self, *, seed=None, options=None):
+        try:
+            control = self.mailbox.control
+            if control[self.index] or not self._ended:  # the main process asked (or nothing ended): reset
+                # not asked: the engine reset a restarted worker's envs; their step then reports a truncation
+                # (as its "final" observation, the reset one), so NEXT_STEP resets once more at the next step
+                self._reset_on_step = not control[self.index] and self.mode == NEXT_STEP
+                control[self.index] = 0
+                self._ended = False
+                self._final = None
+                if self._pending is not None:
+                    seed, options = self._pending
+                    self._pending = None
+                obs, info = self.env.reset(seed=seed, options=options)
+                if info:
+                    self.mailbox.put(self, RESET, info)
+                return ({"obs": obs} if self._nested else obs), _NO_INFO
+            self._ended = False  # the engine's automatic reset, right after the step that ended the episode
+            if self.mode == SAME_STEP:
+                obs, info = self.env.reset()
+                if info:
+                    self.mailbox.put(self, RESET, info)
+                return ({"obs": obs} if self._nested else obs), _NO_INFO
+            self._reset_on_step = self.mode == NEXT_STEP
+            return self._final, _NO_INFO  # NEXT_STEP and DISABLED: the env stays in its final state for now
+        except BaseException as exc:
+            self.last_error = exc
+            raise
+
+    def serve_requests(self, requests: dict) -> list[tuple]:
+        """Run this env's entries of ``requests`` (``{env index: [(position, op, args)]}``, see :data:`OPS`), in
+        order; ``[(position, ok, blob, text)]``: ``ok`` True and ``blob`` the pickled result, or ``ok`` False and
+        ``blob`` the pickled exception (None if it cannot be pickled) with ``text`` its type, message and
+        traceback. The main process sends every env the same dict through ParallelEnv's ``env_attribute``."""
+        out = []
+        for position, op, args in requests.get(self.index, ()):
+            try:
+                value = OPS[op](self, *args)
+                out.append((position, True, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""))
+            except Exception as exc:  # noqa: BLE001 - sent back to the main process, raised there
+                out.append((position, False, _pickled_or_none(exc), _describe(exc)))
+        return out
+
+    def close(self):
+        self.env.close()
+
+
+#: how many envs each (facade token, worker) built in this process: the next one's position in its list
+_BUILT: dict[tuple[str, int], int] = {}
+
+
+class WorkerFactory:
+    """The constructor ParallelEnv gets for worker ``worker``: builds the worker's envs from ``env_fns`` (one
+    per env, in order) and wraps each in an :class:`EngineEnv`. ``patch``: an optional function applied to each
+    env first (module-level, so that it travels by reference)."""
+
+    def __init__(self, token: str, worker: int, first_index: int, env_fns: Sequence[Callable], mode: str,
+                 mailbox: tuple, raw_final: bool, patch: Callable | None = None):
+        self.token, self.worker, self.first_index = token, worker, first_index
+        self.env_fns, self.mode, self.mailbox, self.raw_final, self.patch = (
+            list(env_fns), mode, mailbox, raw_final, patch)
+
+    def __call__(self) -> EngineEnv:
+        key = (self.token, self.worker)
+        j = _BUILT.get(key, 0)
+        _BUILT[key] = j + 1
+        index = self.first_index + j
+        env = self.env_fns[j]()
+        if self.patch is not None:
+            env = self.patch(env)
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"env {index}: its constructor returned {type(env).__module__}.{type(env).__name__}, "
+                            "not a gymnasium.Env; the vector facades step gymnasium envs.")
+        return EngineEnv(env, index, self.mode, Mailbox.attach(self.mailbox), self.raw_final)
+
+
+# ----------------------------------------------------------------- calls
+def _pickled_or_none(exc: BaseException) -> bytes | None:
+    try:
+        return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - the text description is sent instead
+        return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"
+
+
+def _call(env: EngineEnv, name: str, args: tuple, kwargs: dict):
+    value = env.env.get_wrapper_attr(name)
+    return value(*args, **kwargs) if callable(value) else value
+
+
+def _method(env: EngineEnv, name: str, args: tuple, kwargs: dict):
+    return env.env.get_wrapper_attr(name)(*args, **kwargs)
+
+
+def _has_attr(env: EngineEnv, name: str) -> bool:
+    try:
+        env.env.get_wrapper_attr(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _is_wrapped(env: EngineEnv, wrapper_class: type) -> bool:
+    inner = env.env
+    while isinstance(inner, gym.Wrapper):
+        if isinstance(inner, wrapper_class):
+            return True
+        inner = inner.env
+    return False
+
+
+def _spaces(env: EngineEnv) -> dict:
+    user = env.env
+    return {"observation_space": user.observation_space, "action_space": user.action_space,
+            "metadata": dict(getattr(user, "metadata", {}) or {}), "render_mode": getattr(user, "render_mode", None)}
+
+
+def _prepare_reset(env: EngineEnv, seed, options) -> None:
+    env._pending = (seed, options)
+
+
+def _take_error(env: EngineEnv):
+    error, env.last_error = env.last_error, None
+    return error
+
+
+#: op name -> function(engine env, *args); what :meth:`EngineEnv.serve_requests` can run
+OPS = {
+    "call": _call,  # gymnasium: get_wrapper_attr(name), called with (args, kwargs) if callable
+    "get_attr": lambda env, name: env.env.get_wrapper_attr(name),
+    "set_wrapper_attr": lambda env, name, value: env.env.set_wrapper_attr(name, value),
+    "setattr": lambda env, name, value: setattr(env.env, name, value),  # on the outermost wrapper
+    "env_method": _method,
+    "has_attr": _has_attr,
+    "is_wrapped": _is_wrapped,
+    "render": lambda env: env.env.render(),
+    "spaces": _spaces,
+    "prepare_reset": _prepare_reset,  # (seed, options) for the env's next reset asked by the main process
+    "overflow": lambda env, kind: env.overflow.pop(kind),
+    "take_error": _take_error,  # the exception the env raised last in step/reset (then forgotten)
+}
