@@ -200,6 +200,17 @@ def build_collector(backend: Backend, workload: str, num_workers: int,
     )
 
 
+def time_batches(collector, batches: int) -> tuple[int, float]:
+    """``(frames, seconds)`` of ``batches`` batches of ``collector``, after one warm-up batch."""
+    iterator = iter(collector)
+    next(iterator)
+    frames = 0
+    start = time.perf_counter()
+    for _ in range(batches):
+        frames += next(iterator).numel()
+    return frames, time.perf_counter() - start
+
+
 def run_collector(backend: Backend, workload: str, num_envs: int,
                   num_workers: int, steps: int) -> dict:
     """Time a multi-sync collector: frames/s after one warm-up batch.
@@ -213,13 +224,7 @@ def run_collector(backend: Backend, workload: str, num_envs: int,
         collector = build_collector(backend, workload, num_workers,
                                     envs_per_worker)
         try:
-            iterator = iter(collector)
-            next(iterator)
-            frames = 0
-            start = time.perf_counter()
-            for _ in range(batches):
-                frames += next(iterator).numel()
-            seconds = time.perf_counter() - start
+            frames, seconds = time_batches(collector, batches)
         finally:
             collector.shutdown()
     return result(f"{backend.name}_collector", workload, num_envs, num_workers,
@@ -278,13 +283,7 @@ def run_torchrl_collector_over(backend: Backend, workload: str, num_envs: int,
         collector = Collector(env, make_policy(backend, workload), frames_per_batch=FRAMES_PER_BATCH,
                               total_frames=-1)
         try:
-            iterator = iter(collector)
-            next(iterator)
-            frames = 0
-            start = time.perf_counter()
-            for _ in range(batches):
-                frames += next(iterator).numel()
-            seconds = time.perf_counter() - start
+            frames, seconds = time_batches(collector, batches)
         finally:
             collector.shutdown()
             env.close(raise_if_closed=False)  # the collector may have closed it already

@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDictBase
 
 from tdcollect.envs.errors import SpecMismatchError
-from tdcollect.envs.factories import PickledFactory, resolve_factories
+from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs
 
 from .policies import policy_module
 from .stats import TrajectoryTracker
@@ -146,7 +146,8 @@ def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_k
     check_env_device(env_device, owner)
     if num_workers is None:
         num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
-    factories = resolve_factories(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
+    factories = bind_kwargs(*constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner,
+                                                     "num_workers"))
     pickled = [PickledFactory(fn, owner, f"{unit} {w}") for w, fn in enumerate(factories)]
     payload = cloudpickle.dumps(policy) if policy is not None else None
     return pickled, payload, policy_module(policy) if policy is not None else None

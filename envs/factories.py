@@ -14,23 +14,6 @@ from .errors import ArgumentError, ConstructorError
 _NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot")
 
 
-def resolve_factories(
-    create_env_fn: Callable | Sequence[Callable],
-    count: int,
-    create_env_kwargs: dict | Sequence[dict] | None,
-    owner: str,
-    count_name: str,
-) -> list[Callable[[], Any]]:
-    """Check the constructors and return ``count`` zero-argument callables, one per slot.
-
-    ``create_env_fn``: one callable for all slots or a list of ``count`` callables.
-    ``create_env_kwargs``: one dict for all slots or a list of ``count`` dicts.
-    Raises :class:`~tdcollect.envs.errors.ConstructorError` / :class:`~tdcollect.envs.errors.ArgumentError` (in
-    the calling process, before anything starts).
-    """
-    return bind_kwargs(*constructors_and_kwargs(create_env_fn, count, create_env_kwargs, owner, count_name))
-
-
 def constructors_and_kwargs(
     create_env_fn: Callable | Sequence[Callable],
     count: int,
@@ -38,8 +21,15 @@ def constructors_and_kwargs(
     owner: str,
     count_name: str,
 ) -> tuple[list[Callable], list[dict]]:
-    """The checks of :func:`resolve_factories`; returns ``count`` constructors and ``count`` kwargs dicts (new
-    dicts: updating one leaves the caller's and the other slots' alone)."""
+    """Check the constructors and return ``count`` of them and ``count`` kwargs dicts, one per slot (new dicts:
+    updating one leaves the caller's and the other slots' alone; :func:`bind_kwargs` makes zero-argument
+    constructors of them).
+
+    ``create_env_fn``: one callable for all slots or a list of ``count`` callables.
+    ``create_env_kwargs``: one dict for all slots or a list of ``count`` dicts.
+    Raises :class:`~tdcollect.envs.errors.ConstructorError` / :class:`~tdcollect.envs.errors.ArgumentError` (in
+    the calling process, before anything starts).
+    """
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ArgumentError(f"{owner} needs {count_name} >= 1 (an int), got {count!r}.")
     fns = _per_slot(create_env_fn, count, owner, count_name, "create_env_fn")

@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from .vector_core import EngineCore
+from .vector_core import EngineCore, EngineWorkers
 from .vector_worker import RESET, SAME_STEP, STEP
 
 __all__ = ["ParallelVecEnv"]
@@ -33,7 +33,7 @@ def patch_env(env):
     return _patch_env(env)
 
 
-class ParallelVecEnv(VecEnv):
+class ParallelVecEnv(VecEnv, EngineWorkers):
     """``len(env_fns)`` envs in worker processes, several per worker, as a Stable-Baselines3 ``VecEnv``.
 
     Args:
@@ -162,16 +162,6 @@ class ParallelVecEnv(VecEnv):
                           stacklevel=2)
             return [None] * self.num_envs
         return self._request("render", range(self.num_envs))
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live workers."""
-        return self._core.engine.worker_pids
-
-    @property
-    def restarts(self) -> list[int]:
-        """How many times each worker was replaced (see ``max_restarts``)."""
-        return self._core.engine.restarts
 
     def __del__(self):
         if not getattr(self, "closed", True) and "_core" in self.__dict__:

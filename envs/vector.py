@@ -26,7 +26,7 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from .vector_core import EngineCore, SpaceMismatchError
+from .vector_core import EngineCore, EngineWorkers, SpaceMismatchError
 from .vector_worker import DISABLED, FINAL, NEXT_STEP, RESET, SAME_STEP, STEP
 
 __all__ = ["ParallelVectorEnv", "SpaceMismatchError"]  # and ParallelVecEnv, imported on first use
@@ -43,7 +43,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class ParallelVectorEnv(VectorEnv):
+class ParallelVectorEnv(VectorEnv, EngineWorkers):
     """``len(env_fns)`` gymnasium envs in worker processes, as a ``gymnasium.vector.VectorEnv``.
 
     Args:
@@ -335,16 +335,6 @@ class ParallelVectorEnv(VectorEnv):
             self._state = self._future = None
         self._core.close()
         self._background.stop()
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the live workers."""
-        return self._core.engine.worker_pids
-
-    @property
-    def restarts(self) -> list[int]:
-        """How many times each worker was replaced (see ``max_restarts``)."""
-        return self._core.engine.restarts
 
     def __del__(self):
         if not getattr(self, "closed", True) and "_core" in self.__dict__:

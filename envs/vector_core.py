@@ -89,6 +89,21 @@ def check_start_method(method: str | None, owner: str) -> str | None:
     return method
 
 
+class EngineWorkers:
+    """What both facades tell about their engine's workers (the facade keeps its :class:`EngineCore` in
+    ``_core``)."""
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers."""
+        return self._core.engine.worker_pids
+
+    @property
+    def restarts(self) -> list[int]:
+        """How many times each worker was replaced (see ``max_restarts``)."""
+        return self._core.engine.restarts
+
+
 class EngineCore:
     """The envs of ``env_fns`` in ``num_workers`` processes of ``envs_per_worker`` envs each (env ``i`` in worker
     ``i // envs_per_worker``), stepped with autoreset ``mode`` (``vector_worker.SAME_STEP`` / ``NEXT_STEP`` /
