@@ -141,7 +141,8 @@ def _key_name(key) -> str:
 
 
 def _describe(spec: TensorSpec) -> str:
-    return f"{type(spec).__name__} shape={tuple(spec.shape)} dtype={spec.dtype}"
+    n = getattr(getattr(spec, "space", None), "n", None)  # categorical sizes, so that two specs read apart
+    return f"{type(spec).__name__} shape={tuple(spec.shape)} dtype={spec.dtype}" + ("" if n is None else f" n={n}")
 
 
 _NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
