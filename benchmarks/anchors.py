@@ -41,22 +41,26 @@ def _env_fns(workload: str, num_envs: int):
     return [WORKLOADS[workload]] * num_envs
 
 
-def _random_actions(n_actions: int, num_envs: int, steps: int, seed: int = 0):
-    """Pre-draw every batch of actions so sampling costs nothing when timed."""
+def _random_actions(space, num_envs: int, steps: int, seed: int = 0):
+    """Pre-draw every batch of actions (``[steps, num_envs, ...]``) for one env's action ``space`` (Discrete or
+    Box), so sampling costs nothing when timed."""
     rng = np.random.default_rng(seed)
-    return rng.integers(0, n_actions, size=(steps, num_envs), dtype=np.int64)
+    if hasattr(space, "n"):
+        return rng.integers(0, int(space.n), size=(steps, num_envs), dtype=np.int64)
+    low, high = np.broadcast_arrays(space.low, space.high)
+    return rng.uniform(low, high, size=(steps, num_envs, *space.shape)).astype(space.dtype)
 
 
-def _time_numpy_vec(step, n_actions: int, num_envs: int, steps: int):
+def _time_numpy_vec(step, space, num_envs: int, steps: int):
     """Warm up, then time ``step(actions)`` over random action batches.
 
     The ``steps`` pre-drawn batches are replayed until at least
     :data:`~benchmarks.tdstyle.MIN_TIMED_SECONDS` have elapsed.
     Returns ``(batched_steps_done, seconds)``.
     """
-    for actions in _random_actions(n_actions, num_envs, WARMUP_STEPS, seed=1):
+    for actions in _random_actions(space, num_envs, WARMUP_STEPS, seed=1):
         step(actions)
-    actions = _random_actions(n_actions, num_envs, steps)
+    actions = _random_actions(space, num_envs, steps)
     done, seconds = 0, 0.0
     start = time.perf_counter()
     while seconds < tdstyle.MIN_TIMED_SECONDS:
@@ -146,9 +150,7 @@ def build_torchrl_collector(workload: str, num_envs: int, num_workers: int):
 def _run_gym_vec(system, vec_env, workload, num_envs, num_workers, steps):
     try:
         vec_env.reset(seed=0)
-        n_actions = int(vec_env.single_action_space.n)
-        done, seconds = _time_numpy_vec(vec_env.step, n_actions, num_envs,
-                                        steps)
+        done, seconds = _time_numpy_vec(vec_env.step, vec_env.single_action_space, num_envs, steps)
     finally:
         vec_env.close()
     return result(system, workload, num_envs, num_workers,
@@ -177,8 +179,7 @@ def run_sb3_subproc(workload: str, num_envs: int, num_workers: int,
     try:
         env.seed(0)
         env.reset()
-        n_actions = int(env.action_space.n)
-        done, seconds = _time_numpy_vec(env.step, n_actions, num_envs, steps)
+        done, seconds = _time_numpy_vec(env.step, env.action_space, num_envs, steps)
     finally:
         env.close()
     return result("sb3_subproc", workload, num_envs, num_envs, 1, done,
@@ -213,6 +214,40 @@ def run_torchrl_in_torchrl_collector(workload: str, num_envs: int,
                                               num_envs, num_workers, steps)
 
 
+#: EnvPool's own C++ builds of the workloads' games: reported as "steps/s of the same game", not as the same
+#: Python env (``(task id, options)``; for ``atari``, options that turn its default preprocessing off).
+ENVPOOL_TASKS = {
+    "atari": ("Pong-v5", dict(img_height=210, img_width=160, gray_scale=False, stack_num=1, episodic_life=False,
+                              reward_clip=False)),
+    "atari84": ("Pong-v5", {}),
+    "mujoco": ("HalfCheetah-v4", {}),
+}
+
+
+def run_envpool(workload: str, num_envs: int, num_workers: int,
+                steps: int) -> dict:
+    """EnvPool (a C++ thread pool of ``num_workers`` threads) stepping ``num_envs`` envs of the same game
+    synchronously; only the workloads of :data:`ENVPOOL_TASKS`."""
+    from .ours import SystemUnavailable
+
+    if workload not in ENVPOOL_TASKS:
+        raise SystemUnavailable(f"EnvPool has no build of the {workload!r} workload")
+    try:
+        import envpool
+    except ImportError as exc:
+        raise SystemUnavailable(f"`import envpool` failed: {exc!r}") from exc
+    task, options = ENVPOOL_TASKS[workload]
+    env = envpool.make(task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
+                       num_threads=max(num_workers, 1), seed=0, **options)
+    try:
+        env.reset()
+        done, seconds = _time_numpy_vec(env.step, env.action_space, num_envs, steps)
+    finally:
+        env.close()
+    return result("envpool", workload, num_envs, num_workers, num_envs // max(num_workers, 1), done,
+                  done * num_envs, seconds, threads=num_workers)
+
+
 ANCHORS = {
     "serial": run_serial,
     "gym_async": run_gym_async,
@@ -221,6 +256,7 @@ ANCHORS = {
     "torchrl_step_loop": run_torchrl_step_loop,
     "torchrl_collector": run_torchrl_collector,
     "torchrl_in_torchrl_collector": run_torchrl_in_torchrl_collector,
+    "envpool": run_envpool,
 }
 
 def _close(obj) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from . import anchors, ours, report
 from .ours import SystemUnavailable
-from .workloads import WORKLOADS
+from .workloads import BASIC_WORKLOADS, WORKLOADS
 
 RunFn = Callable[[str, int, int, int], dict]
 
@@ -49,9 +49,9 @@ ONE_PROCESS_PER_ENV = {"gym_async", "sb3_subproc"}
 
 #: ``--quick``: one point per workload (TorchRL's spawn start-up of several
 #: seconds per run dominates the wall time on 2 cores).
-QUICK = {"workloads": list(WORKLOADS), "workers": [2],
+QUICK = {"workloads": BASIC_WORKLOADS, "workers": [2],
          "envs_per_worker": [4], "steps": 300}
-FULL = {"workloads": list(WORKLOADS), "workers": [1, 2, 4],
+FULL = {"workloads": BASIC_WORKLOADS, "workers": [1, 2, 4],
         "envs_per_worker": [1, 4, 32], "steps": 1000}
 
 

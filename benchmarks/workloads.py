@@ -10,6 +10,11 @@ re-imported inside worker processes (fork, spawn or forkserver).
 * ``pixels`` - a synthetic env with 84x84x3 ``uint8`` observations
   (about 21 KB each) and almost no compute, measuring the cost of moving
   image-sized observations between processes.
+* ``atari`` - ALE ``Pong-v5`` (210x160x3 ``uint8`` frames, frameskip 4);
+  ``atari84`` - the same game as most training sees it: frameskip 4 by
+  ``AtariPreprocessing``, 84x84 grayscale, 4 frames stacked; ``mujoco`` -
+  ``HalfCheetah-v5`` (17 floats, 6 continuous actions). These need the
+  ``bench`` extra (``ale-py``, ``gymnasium[mujoco]``), imported on first use.
 """
 
 from __future__ import annotations
@@ -103,4 +108,33 @@ def make_pixels() -> gym.Env:
     return PixelEnv()
 
 
-WORKLOADS = {"cheap": make_cheap, "costly": make_costly, "pixels": make_pixels}
+def _ale():
+    import ale_py
+
+    gym.register_envs(ale_py)
+
+
+def make_atari() -> gym.Env:
+    """ALE ``Pong-v5``: 210x160x3 uint8 frames, frameskip 4, sticky actions (the v5 defaults)."""
+    _ale()
+    return gym.make("ALE/Pong-v5")
+
+
+def make_atari84() -> gym.Env:
+    """``Pong-v5`` preprocessed as for DQN/PPO training: 84x84 grayscale, frameskip 4, 4 frames stacked."""
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    _ale()
+    env = AtariPreprocessing(gym.make("ALE/Pong-v5", frameskip=1), frame_skip=4, screen_size=84, grayscale_obs=True)
+    return FrameStackObservation(env, 4)
+
+
+def make_mujoco() -> gym.Env:
+    """MuJoCo ``HalfCheetah-v5``."""
+    return gym.make("HalfCheetah-v5")
+
+
+WORKLOADS = {"cheap": make_cheap, "costly": make_costly, "pixels": make_pixels, "atari": make_atari,
+             "atari84": make_atari84, "mujoco": make_mujoco}
+#: The workloads every machine can run (no extra package); the default of ``--quick``.
+BASIC_WORKLOADS = ["cheap", "costly", "pixels"]
