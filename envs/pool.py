@@ -17,7 +17,6 @@ import multiprocessing
 import multiprocessing.resource_sharer
 import multiprocessing.util
 import os
-import pickle
 import sys
 import threading
 import time
@@ -36,7 +35,18 @@ from .errors import (
     WorkerTimeoutError,
     failures_of,
 )
-from .protocol import CALL, CLOSE, MISSING_GUARD_EXIT, NOTIFY, OK, WorkerChannel, command_name, poll, worker_error
+from .protocol import (
+    CALL,
+    CLOSE,
+    MISSING_GUARD_EXIT,
+    NOTIFY,
+    OK,
+    WorkerChannel,
+    command_name,
+    load_info,
+    poll,
+    worker_error,
+)
 
 START_METHODS = ("fork", "forkserver", "spawn")
 SPIN_S = 0.001  # how long a side polls before it blocks, when there are cores to spare
@@ -206,7 +216,7 @@ class WorkerPool:
         failures, infos, sent, replies = {}, {}, {}, {}
         for w in workers:
             try:
-                infos[w] = pickle.loads(self.receive(w, "construction", "hello"))
+                infos[w] = load_info(self.receive(w, "construction", "hello"))
             except WorkerError as err:
                 failures[w] = err
         if failures and first:

@@ -17,7 +17,7 @@ Start-up handshake (the same for a first start and for a restart)
 
     worker                                                 main process (WorkerPool)
     builds what it owns (envs / env + policy copy)
-      -> ("hello", pickle.dumps(info))                     info, by value (plain pickle: spec tensors
+      -> ("hello", dump_info(info))                        info, by value (torch.save to bytes: spec tensors
          or ("error", report), then exits 1                 must not land in shared memory)
                                                            setup = handshake.setup({w: info, ...})
       <- ("setup", payload)                                payload: the shared buffers to bind to
@@ -73,9 +73,9 @@ main process is gone (on Linux it is killed with it anyway).
 """
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
@@ -105,6 +105,19 @@ MISSING_GUARD_EXIT = 78
 
 def command_name(code: int) -> str:
     return COMMAND_NAMES.get(code & ~NOTIFY, f"command {code}")
+
+
+def dump_info(info: Any) -> bytes:
+    """A worker's hello ``info`` (specs, counts) as bytes, written by ``torch.save``: by value, never in shared
+    memory, and for every tensor dtype (plain pickle cannot read back uint16/uint32/uint64 tensors)."""
+    buffer = io.BytesIO()
+    torch.save(info, buffer)
+    return buffer.getvalue()
+
+
+def load_info(data: bytes) -> Any:
+    """The ``info`` of :func:`dump_info`."""
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def error_report(exc: BaseException, during: str) -> dict:
@@ -145,7 +158,7 @@ class WorkerChannel:
         """Send ``info`` and return the main process' setup payload, or None when the main process is
         stopping or gone (then the worker leaves)."""
         try:
-            self.conn.send(("hello", pickle.dumps(info)))
+            self.conn.send(("hello", dump_info(info)))
             message = self._receive()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             return None

@@ -81,3 +81,27 @@ def test_value_checker_agrees_with_is_in():
         verdicts = [check(v) for v in values]
         assert verdicts == [bool(spec.is_in(v)) for v in values], (spec, verdicts)
         assert verdicts[0] and not all(verdicts)
+
+
+class WideIntegerEnv(__import__("gymnasium").Env):
+    """An observation space holding a uint16 tensor in its spec (MultiDiscrete of dtype uint16)."""
+
+    observation_space = spaces.MultiDiscrete([7, 9], dtype=np.uint16)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([1, 2], np.uint16), {}
+
+    def step(self, action):
+        return np.array([6, 8], np.uint16), 0.0, False, False, {}
+
+
+def test_wide_unsigned_specs_cross_the_start_up_handshake(no_leaks):
+    """The workers' specs travel by value for every dtype (plain pickle cannot read uint16 tensors back)."""
+    from tdcollect.envs import ParallelEnv
+
+    with ParallelEnv(2, WideIntegerEnv) as env:
+        assert env.reset()["observation"].tolist() == [[1, 2], [1, 2]]
+        out = env.rollout(2)
+        assert out["next", "observation"][:, -1].tolist() == [[6, 8], [6, 8]]
