@@ -168,8 +168,54 @@ class MLPActor(nn.Module):
         return torch.distributions.Categorical(logits=logits).sample()
 
 
+class CNNActor(nn.Module):
+    """A small convolutional actor for image observations (``[H, W, C]`` or ``[C, H, W]``, ``uint8`` scaled to
+    [0, 1]): two strided convolutions, a 64-unit layer, a Categorical sample over ``n_actions``."""
+
+    def __init__(self, obs_shape, n_actions: int):
+        super().__init__()
+        self.channels_last = obs_shape[-1] <= 4 < obs_shape[0]
+        channels = obs_shape[-1] if self.channels_last else obs_shape[0]
+        self.conv = nn.Sequential(nn.Conv2d(channels, 16, 8, stride=4), nn.ReLU(),
+                                  nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.conv(self._images(torch.zeros(1, *obs_shape))).shape[-1]
+        self.head = nn.Sequential(nn.Linear(flat, 64), nn.ReLU(), nn.Linear(64, n_actions))
+
+    def _images(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.to(torch.float32) * (1.0 / 255.0 if obs.dtype == torch.uint8 else 1.0)
+        return x.movedim(-1, -3) if self.channels_last else x
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        batch = obs.shape[:-3]
+        logits = self.head(self.conv(self._images(obs.reshape(-1, *obs.shape[-3:]))))
+        return torch.distributions.Categorical(logits=logits.reshape(*batch, -1)).sample()
+
+
+class GaussianActor(nn.Module):
+    """2x64 tanh MLP giving the mean of a unit Gaussian; samples squashed by tanh into ``[low, high]``."""
+
+    def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                                 nn.Linear(hidden, int(np.prod(low.shape))))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        mean = self.net(obs.to(torch.float32))
+        squashed = torch.tanh(mean + torch.randn_like(mean))
+        return self.low + (squashed + 1) * 0.5 * (self.high - self.low)
+
+
+#: Workloads whose collector policy is :class:`CNNActor` (the synthetic ``pixels`` keeps the MLP, as in the
+#: published table).
+CNN_WORKLOADS = ("atari", "atari84")
+
+
 def make_policy(backend: Backend, workload: str):
-    """A ``TensorDictModule`` actor reading the workload's observation key.
+    """A ``TensorDictModule`` actor reading the workload's observation key: an MLP (Categorical actions), a small
+    CNN (the Atari workloads) or a Gaussian MLP (continuous actions).
 
     The key (e.g. ``"observation"`` or ``"pixels"``) and the observation
     shape are read from a throw-away env built by the backend's factory.
@@ -183,9 +229,14 @@ def make_policy(backend: Backend, workload: str):
         obs_shape = tuple(spec_shape[len(probe.batch_size):])
     finally:
         probe.close()
-    n_actions = int(WORKLOADS[workload]().action_space.n)
-    return TensorDictModule(MLPActor(obs_shape, n_actions),
-                            in_keys=[obs_key], out_keys=["action"])
+    space = WORKLOADS[workload]().action_space
+    if not hasattr(space, "n"):
+        actor = GaussianActor(int(math.prod(obs_shape)), space.low, space.high)
+    elif workload in CNN_WORKLOADS:
+        actor = CNNActor(obs_shape, int(space.n))
+    else:
+        actor = MLPActor(obs_shape, int(space.n))
+    return TensorDictModule(actor, in_keys=[obs_key], out_keys=["action"])
 
 
 def build_collector(backend: Backend, workload: str, num_workers: int,
