@@ -96,16 +96,16 @@ class BatchedEnv(EnvBase):
             self._next_done = done.numpy().reshape(self._elements)
             self._done_leaves = None
         else:  # only nested done keys (e.g. one per agent group): any of them, gathered after each step
-            names = [key for key in self.done_keys if key_tuple(key)[-1] == "done"] or self.done_keys
-            self._done_leaves = [self._next.get(key).numpy().reshape(self._elements, -1) for key in names]
+            flags = [key for key in self.done_keys if key_tuple(key)[-1] == "done"] or self.done_keys
+            self._done_leaves = [self._next.get(key).numpy().reshape(self._elements, -1) for key in flags]
             self._next_done = np.zeros(self._elements, dtype=bool)
         # elements that ended in the last step and whose reset observation already sits in the root buffer
         self._pending_reset = np.zeros(self._elements, dtype=bool)
         self._copy_root, self._copy_next = _copier(self._root), _copier(self._next)
-        names = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]
+        replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
         # with only top-level keys, step_and_maybe_reset builds its next root without TensorDict's generic path
-        self._flat_keys = all(isinstance(key, str) for key in names) and not self._non_tensor_keys
-        self._not_carried = {"next", "_step", *names}
+        self._flat_keys = all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
+        self._not_carried = {"next", "_step", *replaced}
         self._used = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
 

@@ -114,13 +114,6 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         self.closed = True
         self.waiting = False
 
-    def _check_open(self, what: str) -> None:
-        if self.closed:
-            raise RuntimeError(f"{what}() was called on a closed {type(self).__name__}.")
-        if self._core.is_closed:
-            raise RuntimeError(f"{what}() was called on a {type(self).__name__} that shut down after a worker "
-                               "died or hung (the error raised then said which); make a new one.")
-
     # ----------------------------------------------------------------- calls
     def _indices(self, indices: VecEnvIndices) -> list[int]:
         if indices is None:

@@ -73,6 +73,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     that is both the env's own (e.g. ``ValueError``) and ``EnvWorkerError``.
     """
 
+    closed_error = ClosedEnvironmentError
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
@@ -302,13 +304,6 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         if self._state is not None:
             raise AlreadyPendingCallError(f"{what}() was called while {self._state}_async() is pending; call "
                                           f"{self._state}_wait() first.", self._state)
-
-    def _check_open(self, what: str) -> None:
-        if self.closed:
-            raise ClosedEnvironmentError(f"{what}() was called on a closed {type(self).__name__}.")
-        if self._core.is_closed:
-            raise ClosedEnvironmentError(f"{what}() was called on a {type(self).__name__} that shut down after a "
-                                         "worker died or hung (the error raised then said which); make a new one.")
 
     def _start(self, name: str, fn: Callable) -> None:
         self._future = self._background.submit(fn)

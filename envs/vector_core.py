@@ -90,8 +90,18 @@ def check_start_method(method: str | None, owner: str) -> str | None:
 
 
 class EngineWorkers:
-    """What both facades tell about their engine's workers (the facade keeps its :class:`EngineCore` in
-    ``_core``)."""
+    """What both facades share about their engine (the facade keeps its :class:`EngineCore` in ``_core`` and
+    its own ``closed`` flag): its workers, and the check that it is still open."""
+
+    #: the error a call on a closed facade raises (gymnasium's facade raises gymnasium's own)
+    closed_error: type[Exception] = RuntimeError
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise self.closed_error(f"{what}() was called on a closed {type(self).__name__}.")
+        if self._core.is_closed:
+            raise self.closed_error(f"{what}() was called on a {type(self).__name__} that shut down after a "
+                                    "worker died or hung (the error raised then said which); make a new one.")
 
     @property
     def worker_pids(self) -> list[int]:
