@@ -1,7 +1,8 @@
 """CollectorBase: iteration, frame counting, trajectory ids, episode statistics, progress, devices.
 
-Subclasses implement ``_collect(random: bool) -> TensorDict [n_envs, T]`` (a fresh TensorDict the caller
-may keep), ``update_policy_weights_`` and ``_shutdown``. The multi-process collectors (MultiSync, Ray) share
+Subclasses implement ``_collect(random: bool) -> TensorDict [n_envs, T]`` (a TensorDict the caller may keep:
+new or recycled memory from ``self._recycler``, or with ``return_same_td`` the same one every time),
+``update_policy_weights_`` and ``_shutdown``. The multi-process collectors (MultiSync, Ray) share
 :func:`prepare_workers` and :func:`check_same_entries`.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tensordict import TensorDictBase
 
 from tdcollect.envs.errors import SpecMismatchError
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs
+from tdcollect.envs.recycle import Recycler
 
 from .policies import policy_module
 from .stats import TrajectoryTracker
@@ -23,7 +25,8 @@ from .stats import TrajectoryTracker
 
 class CollectorBase:
     def __init__(self, frames_per_batch: int, total_frames: int, *, split_trajs: bool = False,
-                 init_random_frames: int = 0, storing_device=None, progress_bar: bool = False):
+                 init_random_frames: int = 0, storing_device=None, progress_bar: bool = False,
+                 return_same_td: bool = False):
         if not isinstance(frames_per_batch, int) or frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}.")
         if total_frames is None or total_frames == 0 or (total_frames < 0 and total_frames != -1):
@@ -34,6 +37,9 @@ class CollectorBase:
         self.init_random_frames = init_random_frames or 0
         self.storing_device = None if storing_device is None else torch.device(storing_device)
         self.progress_bar = progress_bar
+        self.return_same_td = bool(return_same_td)
+        #: memory for the batches, reused once the caller holds no batch over it (``tdcollect/envs/recycle.py``)
+        self._recycler = Recycler()
         self.frames = 0
         self.batches = 0
         self.episode_stats: dict = {}
@@ -117,6 +123,7 @@ class CollectorBase:
         if self._closed:
             return
         self._closed = True
+        self._recycler.clear()
         self._shutdown()
 
     def __enter__(self):

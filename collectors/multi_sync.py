@@ -75,6 +75,8 @@ class MultiSyncCollector(CollectorBase):
             (opt-in; default 0). The replacement collects that worker's part of the batch again, its envs
             start new episodes with new trajectory ids; a warning is issued and ``restarts`` counts them.
             Past the limit (or without it) the error propagates and the collector is shut down.
+        return_same_td: opt-in, as for :class:`~tdcollect.collectors.Collector`: the same TensorDict every time,
+            overwritten by the next batch. By default every batch is the caller's to keep.
     """
 
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
@@ -83,11 +85,14 @@ class MultiSyncCollector(CollectorBase):
                  reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 return_same_td: bool = False):
         exit_if_bootstrapping()
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
-                         storing_device=storing_device or device, progress_bar=progress_bar)
+                         storing_device=storing_device or device, progress_bar=progress_bar,
+                         return_same_td=return_same_td)
+        self._same: TensorDictBase | None = None  # the batch yielded every time with return_same_td
         pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
                                                    env_device, OWNER, "worker")
         self.policy = policy
@@ -131,7 +136,14 @@ class MultiSyncCollector(CollectorBase):
             except KeyboardInterrupt:
                 self.shutdown()
                 raise
-        return torch.cat([self._handshake.storages[w] for w in range(self.num_workers)], 0)
+        parts = [self._handshake.storages[w] for w in range(self.num_workers)]
+        if not self.return_same_td:
+            return self._recycler.cat(parts, 0)
+        if self._same is None:
+            self._same = torch.cat(parts, 0)
+        else:  # the keys the collector adds to a batch (trajectory ids) are not the workers'
+            torch.cat(parts, 0, out=self._same.select(*parts[0].keys(True, True)))
+        return self._same
 
     @property
     def restarts(self) -> list[int]:

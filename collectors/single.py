@@ -32,6 +32,9 @@ class Collector(CollectorBase):
         check_actions: check every step's actions against the action spec (shape, dtype, bounds, NaN/inf)
             before they reach the envs (default True); False checks the first step only.
         progress_bar: show a tqdm bar with frames/s.
+        return_same_td: as in TorchRL, opt-in: yield the same TensorDict every time, its values overwritten by the
+            next batch (no copy at all). By default every batch is the caller's to keep: it is never written again
+            (its memory is reused only once nothing holds it any more).
     After each batch, ``episode_stats`` holds ``returns`` and ``lengths`` of the episodes that ended in it.
     """
 
@@ -39,10 +42,12 @@ class Collector(CollectorBase):
                  device=None, env_device=None, policy_device=None, storing_device=None,
                  split_trajs: bool = False, reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 return_same_td: bool = False):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
-                         storing_device=storing_device or device, progress_bar=progress_bar)
+                         storing_device=storing_device or device, progress_bar=progress_bar,
+                         return_same_td=return_same_td)
         check_env_device(env_device, "Collector")
         self.env, self._owns_env = make_batched_env(create_env_fn, "Collector")
         try:
@@ -55,7 +60,8 @@ class Collector(CollectorBase):
             raise
 
     def _collect(self, random: bool) -> TensorDictBase:
-        return self._loop.collect(random).clone()
+        batch = self._loop.collect(random)
+        return batch if self.return_same_td else self._recycler.clone(batch)
 
     def set_seed(self, seed: int) -> None:
         """Env i gets the i-th seed of TorchRL's chain (``seed``, ``seed_generator(seed)``, ...; episodes restart);

@@ -29,6 +29,7 @@ from torchrl.envs import EnvBase
 
 from .factories import update_slot_kwargs
 from .forwarding import EnvAttribute
+from .recycle import Recycler
 from .rollout import policy_rollout, random_rollout
 from .shared import EnvSpecs, key_tuple
 from .specs import value_checker
@@ -78,6 +79,8 @@ class BatchedEnv(EnvBase):
         self._objects = {"root": [None] * num_envs, "next": [None] * num_envs}
         self._value_checks = {key: value_checker(self.full_action_spec[key])
                               for key in self.full_action_spec.keys(True, True)}
+        #: memory for rollout outputs, reused once the user lets go of a rollout (see ``recycle.py``)
+        self.recycler = Recycler()
         self._bind_buffers(buffers)
         self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
         self._forwarding = True  # from here on, unknown public attributes are looked up on the envs
@@ -411,19 +414,25 @@ class BatchedEnv(EnvBase):
         ``"time"``). With ``auto_reset=False`` the rollout starts from ``tensordict``, which receives the first step
         (its action and ``"next"``), as with ``EnvBase.rollout``.
 
-        Without a callback, the rarer options (``out``, ``set_truncated``, ``actions``) and non-tensor entries it
-        takes a lean path: random actions are drawn from ``action_spec`` all at once and every step is copied into
+        Without a callback, the rarer options (``set_truncated``, ``actions``) and non-tensor entries it takes a
+        lean path: random actions are drawn from ``action_spec`` all at once and every step is copied into
         preallocated storage; with a policy, one policy call and one ``step_and_maybe_reset`` per step.
+
+        The storage is new memory the caller owns, or memory of an earlier rollout that nothing holds any more
+        (``recycle.py``): a rollout the caller still holds is never written again. ``out`` (a TensorDict of batch
+        ``[num_envs, max_steps]`` with this rollout's keys, e.g. an earlier rollout's output) opts in to
+        writing into the caller's own storage; it is returned (cut to the steps taken when an episode ended).
         """
-        rare = {k: v for k, v in kwargs.items() if v not in (None, False)}
+        rare = {k: v for k, v in kwargs.items() if v is not None and v is not False}
         rare.pop("return_contiguous", None)
         rare.pop("trust_policy", None)
         storing_device = rare.pop("storing_device", None)
+        out = rare.pop("out", None)
         if callback is not None or break_when_all_done or rare or self._non_tensor_keys:
             return super().rollout(
                 max_steps, policy, callback, auto_reset=auto_reset, break_when_any_done=break_when_any_done,
                 break_when_all_done=break_when_all_done, tensordict=tensordict, storing_device=storing_device,
-                **kwargs,
+                **{**kwargs, "out": out},
             )
         self._ensure_open()
         break_when_any_done = True if break_when_any_done is None else break_when_any_done
@@ -431,9 +440,9 @@ class BatchedEnv(EnvBase):
         if root is None:
             raise ValueError("rollout(auto_reset=False) needs the initial state as `tensordict`.")
         if policy is None:
-            out = random_rollout(self, root, max_steps, break_when_any_done)
+            out = random_rollout(self, root, max_steps, break_when_any_done, out)
         else:
-            out = policy_rollout(self, root, policy, max_steps, break_when_any_done)
+            out = policy_rollout(self, root, policy, max_steps, break_when_any_done, out)
         if not auto_reset:
             tensordict.update(out[..., 0])  # as EnvBase.rollout: the input becomes the first step
         out.refine_names(..., "time")
@@ -450,6 +459,8 @@ class BatchedEnv(EnvBase):
         self._step_buffers = self._root = self._next = self._next_done = None
         self._copy_root = self._copy_next = self._done_leaves = None  # they hold views of the buffers too
         self._action_slots = []
+        if "recycler" in self.__dict__:
+            self.recycler.clear()
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 
     def __enter__(self):

@@ -1,5 +1,6 @@
 """The lean rollout loops of BatchedEnv (time is the last batch dimension: ``[*env.batch_size, steps]``); they use
-only the env's buffer API (see ``batched.py``)."""
+only the env's buffer API (see ``batched.py``). Their storage is recycled memory (``recycle.py``) or, when the
+caller passes ``out``, the caller's own."""
 from __future__ import annotations
 
 import torch
@@ -8,15 +9,16 @@ from tensordict import TensorDictBase
 from .recorder import StepRecorder
 
 
-def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_done: bool) -> TensorDictBase:
+def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_done: bool,
+                   out: TensorDictBase | None = None) -> TensorDictBase:
     """Random actions from ``env.action_spec``, drawn for all steps at once; each step's buffers are copied
     into storage preallocated for ``max_steps``."""
     tdim = env.batch_dims
+    template = env.fake_tensordict().unsqueeze(-1).expand(*env.batch_size, max_steps)
     # uninitialised: every entry is written below (zero-filling image storage costs as much as the copies)
-    storage = env.fake_tensordict().unsqueeze(-1).expand(*env.batch_size, max_steps).apply(
-        lambda x: torch.empty(x.shape, dtype=x.dtype))
+    storage = env.recycler.empty_like(template) if out is None else checked_out(out, template)
     actions = env.full_action_spec.rand((max_steps,))  # [max_steps, *batch]: time first
-    storage.update(actions.transpose(0, 1) if tdim == 1 else actions.permute(*range(1, tdim + 1), 0))
+    storage.update_(actions.transpose(0, 1) if tdim == 1 else actions.permute(*range(1, tdim + 1), 0))
     recorder = StepRecorder(env, storage)
     next_done = env.next_done  # kept: close() from another thread drops the env's own reference
     for key in recorder.root_keys:
@@ -34,18 +36,41 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     return storage if steps == max_steps else storage[..., :steps]
 
 
-def policy_rollout(env, root: TensorDictBase, policy, max_steps: int, break_when_any_done: bool) -> TensorDictBase:
+def policy_rollout(env, root: TensorDictBase, policy, max_steps: int, break_when_any_done: bool,
+                   out: TensorDictBase | None = None) -> TensorDictBase:
     """One policy call and one ``step_and_maybe_reset`` per step; the steps are stacked at the end."""
     steps = []
     td = root
     for _ in range(max_steps):
-        out = policy(td)
-        if out is not td:  # a policy that returns a new TensorDict: its entries join the state, as in TorchRL
-            td.update(out)
+        policy_out = policy(td)
+        if policy_out is not td:  # a policy that returns a new TensorDict: its entries join the state, as in TorchRL
+            td.update(policy_out)
         td, next_root = env.step_and_maybe_reset(td)
         steps.append(td)
         if break_when_any_done and env.next_done.any():
             env.keep_pending_resets()
             break
         td = next_root
-    return torch.stack(steps, dim=env.batch_dims)
+    if out is None:
+        return env.recycler.stack(steps, env.batch_dims)
+    storage = checked_out(out, steps[0].unsqueeze(env.batch_dims).expand(*env.batch_size, max_steps))
+    if len(steps) == max_steps:
+        return torch.stack(steps, env.batch_dims, out=storage)
+    return torch.stack(steps, env.batch_dims, out=storage[..., :len(steps)])
+
+
+def checked_out(out: TensorDictBase, template: TensorDictBase) -> TensorDictBase:
+    """``out`` if it can hold a rollout shaped like ``template`` (same batch size; every key of ``template`` with
+    the same shape and dtype), else a ValueError that says what differs."""
+    if not isinstance(out, TensorDictBase):
+        raise TypeError(f"rollout(out=...) takes a TensorDict, got {type(out).__name__}.")
+    if out.batch_size != template.batch_size:
+        raise ValueError(f"rollout(out=...): out has batch size {tuple(out.batch_size)}, the rollout needs "
+                         f"{tuple(template.batch_size)} ([*env.batch_size, max_steps]).")
+    for key, leaf in template.items(True, True):
+        have = out.get(key, None)
+        if have is None or have.shape != leaf.shape or have.dtype != leaf.dtype:
+            found = "missing" if have is None else f"{tuple(have.shape)} {have.dtype}"
+            raise ValueError(f"rollout(out=...): out[{key!r}] must be {tuple(leaf.shape)} {leaf.dtype}, found "
+                             f"{found}; pass an earlier rollout's output of the same length.")
+    return out

@@ -1,0 +1,116 @@
+"""Recycled output memory: the storage of big rollouts and batches reuses memory that nobody holds any more.
+
+Fresh memory costs a page fault per 4 KiB page on first touch (the kernel zeroes every page): for image
+observations that is most of the cost of copying a step into a new rollout (measured on Pong frames: 0.50 ms to
+copy 1.6 MB into fresh memory, 0.09 ms into memory touched before). So the output storage of rollouts and
+collector batches comes from a :class:`Recycler`, which hands out tensors over numpy buffers it keeps, and gives a
+buffer out again only when no tensor, view or numpy array over it is left anywhere: a storage the user holds is
+never written behind their back.
+
+How "nobody holds it" is known: ``torch.from_numpy`` makes the tensor's storage own a reference to the numpy
+buffer for as long as any tensor or view over that storage lives (numpy views over it hold one too). When the
+buffer's reference count is down to the recycler's own, nothing else can read or write that memory.
+
+Only buffers of at least ``min_bytes`` are recycled (smaller ones come from the allocator's own free lists and
+are cheap). The recycler keeps at most ``keep`` buffers of one size and ``max_bytes`` in all; what it lets go
+is freed as soon as the user lets go of it too. ``clear()`` drops every buffer (the env's ``close()`` does).
+"""
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+#: Buffers smaller than this come straight from the allocator.
+MIN_BYTES = 1 << 20
+#: Buffers of one size kept for reuse: leaves often have the same size (an observation and the next one), and
+#: a loop may hold one or two batches while it asks for the next.
+KEEP = 6
+#: Bytes the recycler may keep in all.
+MAX_BYTES = 1 << 30
+
+# References to a kept buffer while nobody else holds one: the recycler's list and getrefcount's argument.
+_OWN_REFS = 2
+
+
+class Recycler:
+    """Hands out uninitialised tensors whose memory is reused once nobody holds it (see the module docstring)."""
+
+    def __init__(self, keep: int = KEEP, min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES):
+        self.keep, self.min_bytes, self.max_bytes = keep, min_bytes, max_bytes
+        self._buffers: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # nbytes -> kept buffers, oldest first
+
+    def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised tensor of ``shape`` and ``dtype``: recycled memory when some is free."""
+        shape = torch.Size(shape)
+        nbytes = shape.numel() * _itemsize(dtype)
+        if nbytes < self.min_bytes:
+            return torch.empty(shape, dtype=dtype)
+        return torch.from_numpy(self._buffer(nbytes)).view(dtype).view(shape)
+
+    def empty_like(self, template: TensorDictBase) -> TensorDictBase:
+        """A TensorDict with ``template``'s keys, shapes, dtypes and batch size (not its names), uninitialised."""
+        return template.apply(lambda x: self.empty(x.shape, x.dtype))
+
+    def clone(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """A copy of ``tensordict`` (tensor leaves only) in recycled memory."""
+        out = self.empty_like(tensordict)
+        out.update_(tensordict)
+        return out
+
+    def stack(self, tensordicts: list[TensorDictBase], dim: int) -> TensorDictBase:
+        """``torch.stack(tensordicts, dim)`` (``dim`` >= 0, within the batch dims) into recycled memory."""
+        def shape(leaf_shape):
+            return (*leaf_shape[:dim], len(tensordicts), *leaf_shape[dim:])
+        return torch.stack(tensordicts, dim, out=self._like(tensordicts[0], shape))
+
+    def cat(self, tensordicts: list[TensorDictBase], dim: int) -> TensorDictBase:
+        """``torch.cat(tensordicts, dim)`` (``dim`` >= 0, within the batch dims) into recycled memory."""
+        size = sum(td.batch_size[dim] for td in tensordicts)
+
+        def shape(leaf_shape):
+            return (*leaf_shape[:dim], size, *leaf_shape[dim + 1:])
+        return torch.cat(tensordicts, dim, out=self._like(tensordicts[0], shape))
+
+    def _like(self, first: TensorDictBase, shape) -> TensorDictBase:
+        out = TensorDict({}, batch_size=shape(first.batch_size))
+        for key, leaf in first.items(True, True):
+            out.set(key, self.empty(shape(leaf.shape), leaf.dtype))
+        return out
+
+    def clear(self) -> None:
+        """Let go of every kept buffer."""
+        self._buffers.clear()
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(nbytes * len(buffers) for nbytes, buffers in self._buffers.items())
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        buffers = self._buffers.setdefault(nbytes, [])
+        self._buffers.move_to_end(nbytes)
+        for i in range(len(buffers)):
+            if sys.getrefcount(buffers[i]) <= _OWN_REFS:
+                buffers.append(buffers.pop(i))  # most recently handed out last
+                return buffers[-1]
+        buffer = np.empty(nbytes, dtype=np.uint8)
+        buffers.append(buffer)
+        if len(buffers) > self.keep:
+            buffers.pop(0)
+        self._trim()
+        return buffer
+
+    def _trim(self) -> None:
+        """Drop the least recently used sizes until the kept bytes fit ``max_bytes``."""
+        while self.kept_bytes > self.max_bytes and self._buffers:
+            nbytes, buffers = next(iter(self._buffers.items()))
+            buffers.pop(0)
+            if not buffers:
+                del self._buffers[nbytes]
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

@@ -1,0 +1,200 @@
+"""Output memory is reused, never overwritten behind the caller's back: rollouts and collector batches the caller
+holds keep their values while later ones are made; memory that nothing holds any more is reused (that is what
+makes image observations cheap); ``rollout(out=...)`` and ``return_same_td=True`` are the opt-ins that write into
+the caller's storage."""
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from tdcollect.collectors import Collector, MultiSyncCollector
+from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.recycle import Recycler
+
+from .helpers import FrameCountingEnv
+
+pytestmark = pytest.mark.timeout(120)
+
+FRAME_KEYS = ["observation", ("next", "observation")]
+
+
+def _pointers(td) -> set[int]:
+    return {td.get(key).untyped_storage().data_ptr() for key in FRAME_KEYS}
+
+
+def _leaf_storages(td) -> set[int]:
+    return {leaf.untyped_storage().data_ptr() for leaf in td.values(True, True)}
+
+
+# ----------------------------------------------------------------- the recycler itself
+def test_held_memory_is_never_handed_out_and_free_memory_is_reused():
+    recycler = Recycler(min_bytes=1024)
+    first = recycler.empty((64, 64), torch.float32)
+    view = first[3:5]  # a view keeps the memory busy as well
+    del first
+    second = recycler.empty((64, 64), torch.float32)
+    assert second.data_ptr() != view.untyped_storage().data_ptr()
+    as_numpy = second.numpy()  # so does a numpy array over it
+    del second
+    third = recycler.empty((64, 64), torch.float32)
+    assert third.data_ptr() not in (view.untyped_storage().data_ptr(), as_numpy.ctypes.data)
+    pointer = view.untyped_storage().data_ptr()
+    del view
+    assert recycler.empty((64, 64), torch.float32).data_ptr() == pointer
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.float64, torch.bfloat16, torch.int16])
+def test_every_dtype_and_shape_is_served(dtype):
+    recycler = Recycler(min_bytes=16)
+    tensor = recycler.empty((3, 5, 7), dtype)
+    assert tensor.shape == (3, 5, 7) and tensor.dtype == dtype and tensor.is_contiguous()
+    tensor.fill_(1)
+    assert bool((tensor == 1).all())
+
+
+def test_small_tensors_are_not_kept_and_the_kept_bytes_are_bounded():
+    recycler = Recycler(keep=2, min_bytes=1024, max_bytes=3 * 4096)
+    recycler.empty((8,), torch.float32)
+    assert recycler.kept_bytes == 0
+    held = [recycler.empty((1024,), torch.float32) for _ in range(5)]  # 4 KiB each, all held
+    assert recycler.kept_bytes <= 2 * 4096
+    others = [recycler.empty((2048,), torch.float32) for _ in range(2)]  # 8 KiB each: older sizes are let go
+    assert recycler.kept_bytes <= 3 * 4096
+    assert len({t.data_ptr() for t in held + others}) == 7
+    recycler.clear()
+    assert recycler.kept_bytes == 0
+
+
+def test_clone_stack_and_cat_copy_values():
+    recycler = Recycler(min_bytes=16)
+    from tensordict import TensorDict
+
+    parts = [TensorDict({"a": torch.full((2, 40), float(i)), "n": {"b": torch.full((2, 40, 3), i)}}, [2, 40])
+             for i in range(3)]
+    clone = recycler.clone(parts[1])
+    assert (clone == parts[1]).all() and clone.get("a").data_ptr() != parts[1].get("a").data_ptr()
+    assert (recycler.stack(parts, 1) == torch.stack(parts, 1)).all()
+    assert (recycler.cat(parts, 0) == torch.cat(parts, 0)).all()
+
+
+# ----------------------------------------------------------------- rollouts
+@pytest.mark.parametrize("policy", [None, "module"])
+def test_a_held_rollout_is_never_overwritten_and_a_dropped_one_is_reused(policy):
+    env = SerialEnv(4, FrameCountingEnv)  # frames of 21 KB: a rollout's frame leaves are recycled
+    if policy == "module":
+        def policy(td):
+            return td.set("action", env.full_action_spec.rand()["action"])
+    try:
+        env.set_seed(0)
+        first = env.rollout(20, policy, break_when_any_done=False)
+        kept = first.clone()
+        second = env.rollout(20, policy, break_when_any_done=False)
+        assert (first == kept).all()
+        assert not _pointers(first) & _pointers(second)
+        freed = _pointers(first)
+        del first
+        gc.collect()
+        third = env.rollout(20, policy, break_when_any_done=False)
+        assert _pointers(third) & freed, "the memory of a rollout nobody holds is reused"
+        assert not _pointers(third) & _pointers(second)
+        fourth = env.rollout(20, policy, break_when_any_done=False)  # second and third are held
+        assert not _pointers(fourth) & (_pointers(second) | _pointers(third))
+        frames = fourth.get(("next", "observation"))[..., 0, 0, 0].to(torch.int64)
+        counts = frames // 10  # each frame is filled with steps so far * 10 + action
+        assert bool((counts >= 1).all()) and bool((frames % 10 == fourth.get("action")).all())
+    finally:
+        env.close()
+
+
+def test_rollout_out_writes_into_the_callers_storage():
+    env = SerialEnv(2, FrameCountingEnv)
+    try:
+        env.set_seed(0)
+        storage = env.rollout(10, break_when_any_done=False)
+        pointers = _leaf_storages(storage)
+        again = env.rollout(10, break_when_any_done=False, out=storage)
+        assert again is storage and _leaf_storages(again) == pointers
+        assert bool((again.get(("next", "observation"))[:, 1:] != 0).all())
+
+        def policy(td):
+            return td.set("action", torch.ones(2, dtype=torch.int64))
+        cut = env.rollout(10, policy, out=storage)  # stops at the first done (episodes last 7 steps)
+        assert cut.batch_size[1] <= 10 and _leaf_storages(cut) <= pointers
+        assert bool((cut.get("action") == 1).all())
+    finally:
+        env.close()
+
+
+def test_rollout_out_of_the_wrong_shape_is_refused_and_left_intact():
+    env = SerialEnv(2, FrameCountingEnv)
+    try:
+        env.set_seed(0)
+        storage = env.rollout(10, break_when_any_done=False)
+        before = storage.clone()
+        with pytest.raises(ValueError, match=r"batch size \(2, 10\).*needs \(2, 5\)"):
+            env.rollout(5, break_when_any_done=False, out=storage)
+        del storage["observation"]
+        with pytest.raises(ValueError, match="out\\['observation'\\] must be"):
+            env.rollout(10, break_when_any_done=False, out=storage)
+        assert (storage == before.exclude("observation")).all()
+        with pytest.raises(TypeError, match="takes a TensorDict"):
+            env.rollout(10, break_when_any_done=False, out=np.zeros(3))
+    finally:
+        env.close()
+
+
+def test_parallel_rollouts_recycle_too(no_leaks):
+    with ParallelEnv(2, FrameCountingEnv, envs_per_worker=2) as env:
+        env.set_seed(0)
+        first = env.rollout(20, break_when_any_done=False)
+        kept = first.clone()
+        second = env.rollout(20, break_when_any_done=False)
+        assert (first == kept).all() and not _pointers(first) & _pointers(second)
+        freed = _pointers(first)
+        del first
+        assert _pointers(env.rollout(20, break_when_any_done=False)) & freed
+        assert env.recycler.kept_bytes > 0
+    assert env.recycler.kept_bytes == 0  # close() lets the memory go
+
+
+# ----------------------------------------------------------------- collectors
+def _frames():
+    return SerialEnv(4, FrameCountingEnv)
+
+
+@pytest.mark.parametrize("kind", ["single", "multi"])
+def test_collector_batches_the_caller_holds_are_never_overwritten(kind, no_leaks):
+    if kind == "single":
+        collector = Collector(_frames, frames_per_batch=96, total_frames=96 * 5)
+    else:
+        collector = MultiSyncCollector([FrameCountingEnv] * 2, frames_per_batch=96, total_frames=96 * 5)
+    try:
+        held, freed = [], set()
+        for batch in collector:
+            held.append((batch, batch.clone()))
+            if len(held) == 3:
+                freed |= _pointers(held.pop(0)[0])  # the caller lets go of the oldest batch
+        assert all((batch == copy).all() for batch, copy in held)
+        assert len({p for batch, _ in held for p in _pointers(batch)}) == 2 * len(held)
+        assert freed & {p for batch, _ in held for p in _pointers(batch)}, "a dropped batch's memory is reused"
+    finally:
+        collector.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["single", "multi"])
+def test_return_same_td_yields_one_tensordict_overwritten_in_place(kind, no_leaks):
+    if kind == "single":
+        collector = Collector(_frames, frames_per_batch=96, total_frames=96 * 3, return_same_td=True)
+    else:
+        collector = MultiSyncCollector([FrameCountingEnv] * 2, frames_per_batch=96, total_frames=96 * 3,
+                                       return_same_td=True)
+    try:
+        batches, ids = [], []
+        for batch in collector:
+            batches.append(batch)
+            ids.append(batch.get(("collector", "traj_ids")).clone())
+        assert all(batch is batches[0] for batch in batches)
+        assert not torch.equal(ids[0], ids[-1]) and torch.equal(batches[0].get(("collector", "traj_ids")), ids[-1])
+    finally:
+        collector.shutdown()
