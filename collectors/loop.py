@@ -26,7 +26,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from tdcollect.envs.batched import BatchedEnv
 from tdcollect.envs.recorder import StepRecorder
 
-from .policies import DirectModule
+from .policies import ActionSampler, DirectModule, RandomPolicy
 
 DEFAULT_EXPLORATION_TYPE = ExplorationType.RANDOM
 
@@ -58,7 +58,7 @@ class BatchLoop:
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
         self.traj_steps = np.zeros(self.n_envs, dtype=np.int64)
         self.lean = isinstance(env, BatchedEnv)
-        self.random_actions = env.full_action_spec
+        self.random_actions = ActionSampler(env.full_action_spec)
         self.root = env.reset()
         template = self._template()
         self.storage = template.unsqueeze(-1).expand(self.n_envs, steps).clone()
@@ -124,6 +124,8 @@ class BatchLoop:
                 self.root = self.env.reset()
                 self.traj_steps[:] = 0
             step = self._lean_step if self.lean else self._generic_step
+            # actions drawn from the spec itself need no policy call and no check after the first step
+            random = random or isinstance(self.policy, RandomPolicy)
             for t in range(self.steps):
                 step(t, random)
         self._first = False
@@ -132,7 +134,7 @@ class BatchLoop:
     def _lean_step(self, t: int, random: bool) -> None:
         env = self.env
         if random:
-            out = self.policy_in.clone(recurse=False).update(self.random_actions.rand())
+            out = self.random_actions.sample()  # a dict: key -> tensor
             for dst in self.policy_dst[t]:
                 dst.zero_()
         elif self.direct_inputs is not None:
@@ -155,7 +157,7 @@ class BatchLoop:
             self._truncate_long_trajectories(t)
 
     def _generic_step(self, t: int, random: bool) -> None:
-        td = self.root.update(self.random_actions.rand()) if random else self.policy(self.root)
+        td = self.root.update(self.random_actions.sample()) if random else self.policy(self.root)
         td, self.root = self.env.step_and_maybe_reset(td)
         self.views[t].update_(td.select(*self.storage_keys, strict=False))
         if self.max_frames_per_traj:

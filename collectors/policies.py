@@ -14,14 +14,29 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 
 
+class ActionSampler:
+    """Draws every action entry uniformly from a (batched) full action spec, leaf by leaf: ``sample()`` gives
+    ``{key: tensor}``. The same draws as ``full_action_spec.rand()``, without building a TensorDict (which costs
+    ~200 µs per call, more than a cheap env's step)."""
+
+    def __init__(self, full_action_spec):
+        self.spec = full_action_spec
+        self.leaves = [(key, full_action_spec[key]) for key in full_action_spec.keys(True, True)]
+
+    def sample(self) -> dict:
+        return {key: leaf.rand() for key, leaf in self.leaves}
+
+
 class RandomPolicy:
     """Samples every action entry uniformly from the (batched) full action spec."""
 
     def __init__(self, full_action_spec):
-        self.spec = full_action_spec
+        self.sampler = ActionSampler(full_action_spec)
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        return td.update(self.spec.rand())
+        for key, value in self.sampler.sample().items():
+            td.set(key, value)
+        return td
 
 
 class ObservationToAction(nn.Module):
