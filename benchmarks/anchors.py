@@ -207,6 +207,13 @@ def run_torchrl_step_loop(workload: str, num_envs: int, num_workers: int,
                                  num_workers, steps)
 
 
+def run_torchrl_random_collector(workload: str, num_envs: int, num_workers: int,
+                                 steps: int) -> dict:
+    """TorchRL ``MultiSyncCollector`` with no policy (its random policy)."""
+    return tdstyle.run_collector(torchrl_backend(), workload, num_envs,
+                                 num_workers, steps, random_policy=True)
+
+
 def run_torchrl_in_torchrl_collector(workload: str, num_envs: int,
                                      num_workers: int, steps: int) -> dict:
     """TorchRL's ``Collector`` over ``TransformedEnv(TorchRL ParallelEnv, StepCounter())``."""
@@ -255,6 +262,7 @@ ANCHORS = {
     "torchrl_parallel": run_torchrl_parallel,
     "torchrl_step_loop": run_torchrl_step_loop,
     "torchrl_collector": run_torchrl_collector,
+    "torchrl_random_collector": run_torchrl_random_collector,
     "torchrl_in_torchrl_collector": run_torchrl_in_torchrl_collector,
     "envpool": run_envpool,
 }

@@ -74,6 +74,13 @@ def run_tdcollect_collector(workload: str, num_envs: int, num_workers: int,
                                  workload, num_envs, num_workers, steps)
 
 
+def run_tdcollect_random_collector(workload: str, num_envs: int, num_workers: int,
+                                   steps: int) -> dict:
+    """Our ``collectors.MultiSyncCollector`` with no policy (random actions)."""
+    return tdstyle.run_collector(tdcollect_backend(need_collector=True),
+                                 workload, num_envs, num_workers, steps, random_policy=True)
+
+
 def build_tdcollect_parallel(workload: str, num_envs: int, num_workers: int):
     """Our ``ParallelEnv`` for start-up / memory measurements."""
     tdcollect_backend()
@@ -106,6 +113,7 @@ OURS = {
     "tdcollect_parallel": run_tdcollect_parallel,
     "tdcollect_step_loop": run_tdcollect_step_loop,
     "tdcollect_collector": run_tdcollect_collector,
+    "tdcollect_random_collector": run_tdcollect_random_collector,
     "tdcollect_in_torchrl_collector": run_tdcollect_in_torchrl_collector,
 }
 

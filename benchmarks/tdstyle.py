@@ -22,8 +22,9 @@ from torch import nn
 
 from .workloads import WORKLOADS
 
-#: Upper bound on the memory one ``rollout`` chunk may stack (bytes).
-ROLLOUT_CHUNK_BYTES = 256 * 2**20
+#: Upper bound on the memory one ``rollout`` chunk may stack (bytes): a training loop's rollouts, not one
+#: giant one.
+ROLLOUT_CHUNK_BYTES = 64 * 2**20
 #: Frames gathered by the collector per batch (summed over all workers).
 FRAMES_PER_BATCH = 2048
 WARMUP_STEPS = 10
@@ -113,8 +114,10 @@ def run_parallel(backend: Backend, workload: str, num_envs: int,
     big observations are cut into chunks (each continued from the last one
     with ``step_mdp``) so the stacked output stays under
     :data:`ROLLOUT_CHUNK_BYTES`; for vector workloads it is one chunk.
-    At least ``steps`` batched steps are timed, more if needed to fill
-    :data:`MIN_TIMED_SECONDS`.
+    When there are several chunks, two are run before the clock starts, as a
+    training loop's first rollouts (a library may reuse memory from there
+    on, as the collectors get a warm-up batch). At least ``steps`` batched steps are timed, more
+    if needed to fill :data:`MIN_TIMED_SECONDS`.
     """
     envs_per_worker = split_envs(num_envs, num_workers)
     per_step = max(1, 2 * num_envs * obs_nbytes(workload))
@@ -124,13 +127,16 @@ def run_parallel(backend: Backend, workload: str, num_envs: int,
         try:
             env.set_seed(0)
             td = env.reset()
-            warm = env.rollout(WARMUP_STEPS, break_when_any_done=False,
-                               auto_reset=False, tensordict=td)
-            td = backend.step_mdp(warm[..., -1])
+            warm_steps = chunk if chunk < steps else WARMUP_STEPS  # one chunk: a short warm-up
+            for _ in range(2):
+                warm = env.rollout(warm_steps, break_when_any_done=False,
+                                   auto_reset=False, tensordict=td)
+                td = backend.step_mdp(warm[..., -1])
+            del warm
             done, seconds = 0, 0.0
             start = time.perf_counter()
             while done < steps or seconds < MIN_TIMED_SECONDS:
-                n = min(chunk, steps - done % steps)
+                n = chunk  # whole chunks: a loop of rollouts of one length
                 out = env.rollout(n, break_when_any_done=False,
                                   auto_reset=False, tensordict=td)
                 td = backend.step_mdp(out[..., -1])
@@ -240,12 +246,13 @@ def make_policy(backend: Backend, workload: str):
 
 
 def build_collector(backend: Backend, workload: str, num_workers: int,
-                    envs_per_worker: int):
-    """A synchronous multi-process collector with an MLP policy."""
+                    envs_per_worker: int, random_policy: bool = False):
+    """A synchronous multi-process collector with the workload's policy (see :func:`make_policy`), or with
+    ``random_policy`` none (random actions from the action spec)."""
     factory = backend.worker_env_factory(workload, envs_per_worker)
     return backend.multi_sync_collector(
         [factory] * num_workers,
-        make_policy(backend, workload),
+        None if random_policy else make_policy(backend, workload),
         frames_per_batch=FRAMES_PER_BATCH,
         total_frames=-1,
     )
@@ -263,7 +270,7 @@ def time_batches(collector, batches: int) -> tuple[int, float]:
 
 
 def run_collector(backend: Backend, workload: str, num_envs: int,
-                  num_workers: int, steps: int) -> dict:
+                  num_workers: int, steps: int, random_policy: bool = False) -> dict:
     """Time a multi-sync collector: frames/s after one warm-up batch.
 
     The number of timed batches is chosen so that roughly
@@ -273,12 +280,13 @@ def run_collector(backend: Backend, workload: str, num_envs: int,
     batches = max(2, math.ceil(num_envs * steps / FRAMES_PER_BATCH))
     with preserve_torch_threads():
         collector = build_collector(backend, workload, num_workers,
-                                    envs_per_worker)
+                                    envs_per_worker, random_policy)
         try:
             frames, seconds = time_batches(collector, batches)
         finally:
             collector.shutdown()
-    return result(f"{backend.name}_collector", workload, num_envs, num_workers,
+    name = f"{backend.name}_random_collector" if random_policy else f"{backend.name}_collector"
+    return result(name, workload, num_envs, num_workers,
                   envs_per_worker, frames // num_envs, frames, seconds,
                   processes=num_workers, batches=batches)
 
