@@ -171,6 +171,9 @@ class BatchedEnv(EnvBase):
         without resetting it again). With ``mask``, the rows of the other envs are left as they were."""
         self._used = True
         self._keep_objects(self._run_step(mask))
+        self._after_step(mask)
+
+    def _after_step(self, mask: np.ndarray | None) -> None:
         if self._done_leaves is not None:
             np.logical_or.reduce([leaf.any(1) for leaf in self._done_leaves], out=self._next_done)
         if mask is None:
@@ -178,6 +181,36 @@ class BatchedEnv(EnvBase):
         else:
             stepped = np.repeat(mask, self._elements // self.num_envs)
             self._pending_reset[stepped] = self._next_done[stepped]
+
+    # ----------------------------------------------------------------- staged (pipelined) steps
+    def staging_buffers(self) -> TensorDictBase | None:
+        """Two more copies of the root and next buffers, batch ``[2, num_envs, *B]`` (keys ``"root"``, ``"next"``),
+        that staged steps copy their results into; None when this env cannot pipeline its steps (only a
+        ParallelEnv whose envs have tensor entries only can)."""
+        return None
+
+    @_one_thread
+    def start_staged_step(self, parity: int) -> None:
+        """Start a step of every env with the actions in :attr:`action_buffers` and return at once: this process
+        can read step ``t - 1`` in staging copy ``1 - parity`` while the workers run step ``t``. Nothing else may
+        be done with this env (its buffers included) until :meth:`finish_staged_step`."""
+        self._used = True
+        self._run_start_staged(parity)
+
+    @_one_thread
+    def finish_staged_step(self, parity: int) -> bool:
+        """Wait for the step :meth:`start_staged_step` started; then as after :meth:`step_buffers`. True: its
+        results are in staging copy ``parity`` (and in the buffers); False: read them in the buffers only (a
+        failed worker was replaced during the step, see ``max_restarts``)."""
+        staged = self._run_finish_staged(parity)
+        self._after_step(None)
+        return staged
+
+    def _run_start_staged(self, parity: int) -> None:
+        raise NotImplementedError
+
+    def _run_finish_staged(self, parity: int) -> bool:
+        raise NotImplementedError
 
     def keep_pending_resets(self) -> None:
         """Remember which envs ended in the last step: their reset observation sits in the root buffer and

@@ -116,9 +116,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def fits_cores(num_workers: int) -> bool:
+    """Whether ``num_workers`` workers and the main process can each have a usable core of their own."""
+    return num_workers + 1 <= usable_cores()
+
+
 def default_spin_s(num_workers: int) -> float:
     """:data:`SPIN_S` when the workers and the main process fit on the usable cores, else 0 (block at once)."""
-    return SPIN_S if num_workers + 1 <= usable_cores() else 0.0
+    return SPIN_S if fits_cores(num_workers) else 0.0
 
 
 def resolve_spin_s(spin_s: float | None, num_workers: int) -> float:
@@ -315,13 +320,17 @@ class WorkerPool:
     def run(self, code: int, workers=None, replies: bool = False) -> list | None:
         """Send ``code`` to ``workers`` (default: all) and wait until each has finished it. With ``replies``, each
         worker answers with data on its pipe: returned in ``workers`` order."""
-        self.check_open()
         workers = range(self.num_workers) if workers is None else workers
-        self._command[:] = code
-        for w in workers:
-            self._wake[w].release()
+        self.send(code, workers)
         self.wait(workers, code, replies)
         return [self.conns[w].recv()[1] for w in workers] if replies else None
+
+    def send(self, code: int, workers) -> None:
+        """Send ``code`` to ``workers`` without waiting; :meth:`wait` for them before any other command."""
+        self.check_open()
+        for w in workers:
+            self._command[w] = code
+            self._wake[w].release()
 
     def start(self, code: int, workers) -> None:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""

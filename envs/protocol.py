@@ -49,6 +49,10 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
                     ``buffers["root"]``
 ``PARTIAL_STEP``    ParallelEnv: the same for its envs whose ``step_mask`` row is True (TorchRL's
                     ``"_step"``); the rows of the others are left as they are
+``STAGED_STEP[p]``  ParallelEnv: ``STEP``, then copy its rows of ``buffers["root"]`` and
+                    ``buffers["next"]`` into staging copy ``p`` (0 or 1), which it was given by
+                    ``CALL bind_staging``: the main process reads step ``t`` there while the workers
+                    run step ``t + 1`` (pipelined rollouts, see ``BatchedEnv.start_staged_step``)
 ``RESET``           ParallelEnv: reset its envs whose ``reset_mask`` row is True (seeded if a seed
                     is pending)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
@@ -89,13 +93,15 @@ from .errors import EnvWorkerError
 
 # command codes
 STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
+STAGED_STEP = (6, 7)  # into staging copy 0 / 1
 CALL, CLOSE = 100, 101
 NOTIFY = 0x100
 # status codes
 OK, FAILED = 0, 1
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
-    STEP: "step", PARTIAL_STEP: "partial step", RESET: "reset", COLLECT: "collection",
+    STEP: "step", PARTIAL_STEP: "partial step", STAGED_STEP[0]: "step", STAGED_STEP[1]: "step", RESET: "reset",
+    COLLECT: "collection",
     COLLECT_RANDOM: "collection (random actions)",
     CALL: "a call", CLOSE: "close",
 }
@@ -218,10 +224,32 @@ class WorkerChannel:
             spin_until = time.perf_counter() + self.spin_s
 
 
+class EnvWorkerCalls:
+    """What ``CALL`` reaches in a ParallelEnv worker: its :class:`EnvGroup`'s methods, and ``bind_staging``."""
+
+    def __init__(self, group, buffers):
+        self.group, self.buffers = group, buffers  # buffers: the worker's rows
+        self.stages: list = []
+
+    def bind_staging(self, staging, rows: slice) -> None:
+        """Take ``staging`` (see ``shared.allocate_staging``) for ``STAGED_STEP``; this worker's rows are ``rows``."""
+        from .shared import StageCopy
+
+        self.stages = [StageCopy(self.buffers, staging[p][rows]) for p in (0, 1)]
+
+    def staged_step(self, parity: int):
+        objects = self.group.step()
+        self.stages[parity].copy()
+        return objects
+
+    def __getattr__(self, name):
+        return getattr(self.group, name)
+
+
 def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, threads: int = 1) -> None:
     """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor)
-    here, in this process, with ``threads`` torch threads, then serves ``STEP``, ``RESET`` and ``CALL`` (to its
-    :class:`EnvGroup`)."""
+    here, in this process, with ``threads`` torch threads, then serves ``STEP``, ``STAGED_STEP``, ``RESET`` and
+    ``CALL`` (to its :class:`EnvWorkerCalls`)."""
     from .group import EnvGroup
 
     channel.start()
@@ -241,9 +269,11 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
         except BaseException as exc:  # noqa: BLE001 - reported to the main process
             channel.fail_start(exc, "start-up")
         resets, steps = reset_mask[rows].numpy(), step_mask[rows].numpy()
+        calls = EnvWorkerCalls(group, buffers[rows])
         if channel.ready(os.getpid()):
             channel.serve({STEP: group.step, PARTIAL_STEP: lambda: group.step(steps),
-                           RESET: lambda: group.reset(resets)}, group)
+                           STAGED_STEP[0]: lambda: calls.staged_step(0), STAGED_STEP[1]: lambda: calls.staged_step(1),
+                           RESET: lambda: group.reset(resets)}, calls)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:

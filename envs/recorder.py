@@ -14,11 +14,13 @@ class StepRecorder:
     """Copies between the buffers of ``env`` (a ``BatchedEnv``) and column ``t`` of ``storage``.
 
     ``storage`` (batch ``[*env.batch_size, T]``) must hold the env's root keys (observation keys, done flags),
-    its action keys and ``"next"`` with its next keys (observation keys, reward, done flags).
+    its action keys and ``"next"`` with its next keys (observation keys, reward, done flags). ``results``: where
+    to read the root and next from instead of the env's buffers (``"root"`` and ``"next"`` laid out as them: one
+    of the env's staging copies).
     """
 
-    def __init__(self, env, storage: TensorDictBase):
-        root, next_ = env.root_buffer, env.next_buffer
+    def __init__(self, env, storage: TensorDictBase, results: TensorDictBase | None = None):
+        root, next_ = (env.root_buffer, env.next_buffer) if results is None else (results["root"], results["next"])
         self.root_keys = list(root.keys(True, True))
         self.next_keys = list(next_.keys(True, True))
         self.action_keys = [key for key, _ in env.action_buffers]

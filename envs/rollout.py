@@ -20,20 +20,65 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     actions = env.full_action_spec.rand((max_steps,))  # [max_steps, *batch]: time first
     storage.update_(actions.transpose(0, 1) if tdim == 1 else actions.permute(*range(1, tdim + 1), 0))
     recorder = StepRecorder(env, storage)
-    next_done = env.next_done  # kept: close() from another thread drops the env's own reference
     for key in recorder.root_keys:
         storage.get(key).select(tdim, 0).copy_(root.get(key))
-    steps = max_steps
+    staging = env.staging_buffers()
+    if staging is None:
+        steps = _stepped(env, recorder, max_steps, break_when_any_done)
+    else:
+        steps = _pipelined(env, recorder, [StepRecorder(env, storage, staging[p]) for p in (0, 1)], max_steps,
+                           break_when_any_done)
+    return storage if steps == max_steps else storage[..., :steps]
+
+
+def _stepped(env, recorder: StepRecorder, max_steps: int, break_when_any_done: bool) -> int:
+    """One step after the other, each copied into the storage; returns the steps taken."""
+    next_done = env.next_done  # kept: close() from another thread drops the env's own reference
     for t in range(max_steps):
         recorder.load_actions(t)
         env.step_buffers()
         recorder.record_next(t)
         if break_when_any_done and next_done.any():
-            steps = t + 1
-            break
+            return t + 1
         if t + 1 < max_steps:
             recorder.record_root(t + 1)
-    return storage if steps == max_steps else storage[..., :steps]
+    return max_steps
+
+
+def _pipelined(env, recorder: StepRecorder, staged: list[StepRecorder], max_steps: int,
+               break_when_any_done: bool) -> int:
+    """Step ``t + 1`` runs in the workers while this process copies step ``t`` from a staging copy (the two
+    copies alternate): the copies cost no wall time while the workers are busy. The next step is started only
+    once this one's done flags are read, so with ``break_when_any_done`` no step is taken beyond the rollout."""
+    next_done = env.next_done
+    flight = _start(env, recorder, 0)  # the parity of the step in flight, or None
+    try:
+        for t in range(max_steps):
+            flight = None
+            source = staged[t % 2] if env.finish_staged_step(t % 2) else recorder
+            more = t + 1 < max_steps and not (break_when_any_done and next_done.any())
+            if more and source is not recorder:  # start the next step, and copy this one meanwhile
+                flight = _start(env, recorder, t + 1)
+            source.record_next(t)
+            if not more:
+                return t + 1
+            source.record_root(t + 1)
+            if flight is None:  # this step is read from the buffers: the next may start only now
+                flight = _start(env, recorder, t + 1)
+        return max_steps
+    except BaseException:
+        if flight is not None:  # let the workers finish their step before the error goes on
+            try:
+                env.finish_staged_step(flight)
+            except BaseException:  # noqa: BLE001 - the first error is the one to report
+                pass
+        raise
+
+
+def _start(env, recorder: StepRecorder, t: int) -> int:
+    recorder.load_actions(t)
+    env.start_staged_step(t % 2)
+    return t % 2
 
 
 def policy_rollout(env, root: TensorDictBase, policy, max_steps: int, break_when_any_done: bool,

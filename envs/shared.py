@@ -152,3 +152,24 @@ def numpy_tree(td: TensorDictBase) -> dict:
     for key, value in td.items():
         tree[key] = numpy_tree(value) if isinstance(value, TensorDictBase) else numpy_view(value)
     return tree
+
+
+def allocate_staging(buffers: TensorDictBase) -> TensorDict:
+    """Two copies of the ``"root"`` and ``"next"`` buffers in shared memory, batch ``[2, num_envs, *B]``: after a
+    staged step, each worker copies its rows of the step's results into copy ``t % 2``, so that the main process
+    can read step ``t`` while the workers run step ``t + 1`` (see ``BatchedEnv.start_staged_step``)."""
+    results = buffers.select("root", "next")
+    return torch.stack([results, results]).clone().share_memory_()
+
+
+class StageCopy:
+    """A worker's copy of its rows of the step buffers (``buffers``, its ``[k]`` slice) into the same rows of one
+    staging copy (``staged``, ``[k]``): numpy views made once, one ``copyto`` per leaf."""
+
+    def __init__(self, buffers: TensorDictBase, staged: TensorDictBase):
+        self.pairs = [(numpy_view(staged.get(key)), numpy_view(buffers.get(key)))
+                      for key in staged.keys(True, True)]
+
+    def copy(self) -> None:
+        for dst, src in self.pairs:
+            np.copyto(dst, src)

@@ -84,6 +84,9 @@ class WorkerView(ParallelEnv):
         self.parent.step_buffers(self._parent_mask(mask))
         self._copy_rows()
 
+    def staging_buffers(self):
+        return None  # its steps go through the parent's (see _run_step): not pipelined
+
     def _run_reset(self, mask: np.ndarray | None):
         self._check_parent()
         parent, per_env = self.parent, self._elements // self.num_envs
