@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 #: Buffers smaller than this come straight from the allocator.
 MIN_BYTES = 1 << 20
@@ -63,23 +63,18 @@ class Recycler:
 
     def stack(self, tensordicts: list[TensorDictBase], dim: int) -> TensorDictBase:
         """``torch.stack(tensordicts, dim)`` (``dim`` >= 0, within the batch dims) into recycled memory."""
-        def shape(leaf_shape):
-            return (*leaf_shape[:dim], len(tensordicts), *leaf_shape[dim:])
-        return torch.stack(tensordicts, dim, out=self._like(tensordicts[0], shape))
+        first = tensordicts[0]
+        batch = list(first.batch_size)
+        batch.insert(dim, len(tensordicts))
+        return torch.stack(tensordicts, dim, out=self.empty_like(first.unsqueeze(dim).expand(*batch)))
 
     def cat(self, tensordicts: list[TensorDictBase], dim: int) -> TensorDictBase:
         """``torch.cat(tensordicts, dim)`` (``dim`` >= 0, within the batch dims) into recycled memory."""
-        size = sum(td.batch_size[dim] for td in tensordicts)
-
-        def shape(leaf_shape):
-            return (*leaf_shape[:dim], size, *leaf_shape[dim + 1:])
-        return torch.cat(tensordicts, dim, out=self._like(tensordicts[0], shape))
-
-    def _like(self, first: TensorDictBase, shape) -> TensorDictBase:
-        out = TensorDict({}, batch_size=shape(first.batch_size))
-        for key, leaf in first.items(True, True):
-            out.set(key, self.empty(shape(leaf.shape), leaf.dtype))
-        return out
+        first = tensordicts[0]
+        batch = list(first.batch_size)
+        batch[dim] = sum(td.batch_size[dim] for td in tensordicts)
+        one = first[(slice(None),) * dim + (slice(0, 1),)]  # nested TensorDicts keep their own batch dims
+        return torch.cat(tensordicts, dim, out=self.empty_like(one.expand(*batch)))
 
     def clear(self) -> None:
         """Let go of every kept buffer."""

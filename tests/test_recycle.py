@@ -72,10 +72,15 @@ def test_clone_stack_and_cat_copy_values():
 
     parts = [TensorDict({"a": torch.full((2, 40), float(i)), "n": {"b": torch.full((2, 40, 3), i)}}, [2, 40])
              for i in range(3)]
+    for i, part in enumerate(parts):  # a group with batch dims of its own (one row per agent)
+        part.set("agents", TensorDict({"obs": torch.full((2, 40, 5, 7), i)}, [2, 40, 5]))
     clone = recycler.clone(parts[1])
     assert (clone == parts[1]).all() and clone.get("a").data_ptr() != parts[1].get("a").data_ptr()
-    assert (recycler.stack(parts, 1) == torch.stack(parts, 1)).all()
-    assert (recycler.cat(parts, 0) == torch.cat(parts, 0)).all()
+    for ours, theirs in ((recycler.stack(parts, 1), torch.stack(parts, 1)), (recycler.cat(parts, 0), torch.cat(parts, 0)),
+                         (recycler.cat(parts, 1), torch.cat(parts, 1))):
+        assert ours.batch_size == theirs.batch_size
+        assert ours.get("agents").batch_size == theirs.get("agents").batch_size
+        assert (ours == theirs).all()
 
 
 # ----------------------------------------------------------------- rollouts
