@@ -76,8 +76,9 @@ def test_clone_stack_and_cat_copy_values():
         part.set("agents", TensorDict({"obs": torch.full((2, 40, 5, 7), i)}, [2, 40, 5]))
     clone = recycler.clone(parts[1])
     assert (clone == parts[1]).all() and clone.get("a").data_ptr() != parts[1].get("a").data_ptr()
-    for ours, theirs in ((recycler.stack(parts, 1), torch.stack(parts, 1)), (recycler.cat(parts, 0), torch.cat(parts, 0)),
-                         (recycler.cat(parts, 1), torch.cat(parts, 1))):
+    pairs = [(recycler.stack(parts, 1), torch.stack(parts, 1)), (recycler.cat(parts, 0), torch.cat(parts, 0)),
+             (recycler.cat(parts, 1), torch.cat(parts, 1))]
+    for ours, theirs in pairs:
         assert ours.batch_size == theirs.batch_size
         assert ours.get("agents").batch_size == theirs.get("agents").batch_size
         assert (ours == theirs).all()
