@@ -79,7 +79,7 @@ class BatchedEnv(EnvBase):
         self._objects = {"root": [None] * num_envs, "next": [None] * num_envs}
         self._value_checks = {key: value_checker(self.full_action_spec[key])
                               for key in self.full_action_spec.keys(True, True)}
-        #: memory for rollout outputs, reused once the user lets go of a rollout (see ``recycle.py``)
+        #: memory for big outputs (rollouts, step results), reused once nothing holds them (see ``recycle.py``)
         self.recycler = Recycler()
         self._bind_buffers(buffers)
         self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
@@ -104,7 +104,7 @@ class BatchedEnv(EnvBase):
             self._next_done = np.zeros(self._elements, dtype=bool)
         # elements that ended in the last step and whose reset observation already sits in the root buffer
         self._pending_reset = np.zeros(self._elements, dtype=bool)
-        self._copy_root, self._copy_next = _copier(self._root), _copier(self._next)
+        self._copy_root, self._copy_next = _copier(self._root, self.recycler), _copier(self._next, self.recycler)
         replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
         # with only top-level keys, step_and_maybe_reset builds its next root without TensorDict's generic path
         self._flat_keys = all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
@@ -535,17 +535,19 @@ class BatchedEnv(EnvBase):
 
 
 
-def _copier(td: TensorDictBase):
+def _copier(td: TensorDictBase, recycler: Recycler):
     """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors,
-    never views of the buffers). With only top-level leaves it is built directly, at about half the cost of
-    ``td.clone()``."""
+    never views of the buffers; big ones in recycled memory). With only top-level leaves it is built directly, at
+    about half the cost of ``td.clone()``."""
     leaves = list(td.items())
     if not all(isinstance(value, torch.Tensor) for _, value in leaves):
         return td.clone
     batch_size = td.batch_size
+    big = {key for key, value in leaves if value.numel() * value.element_size() >= recycler.min_bytes}
 
     def copy() -> TensorDictBase:
-        return TensorDict._new_unsafe({key: value.clone() for key, value in leaves}, batch_size=batch_size)
+        return TensorDict._new_unsafe({key: recycler.empty(value.shape, value.dtype).copy_(value) if key in big
+                                       else value.clone() for key, value in leaves}, batch_size=batch_size)
 
     return copy
 

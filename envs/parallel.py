@@ -174,6 +174,9 @@ class ParallelEnv(BatchedEnv):
         """Allocated at the first call (shared memory, see ``shared.allocate_staging``) and given to the workers,
         again to workers started since."""
         self._ensure_open()
+        return self._bound_staging()
+
+    def _bound_staging(self):
         if not self.pipeline or self._handshake.has_objects:
             return None
         generation = (id(self._pool), tuple(self._pool.restarts))
@@ -187,7 +190,8 @@ class ParallelEnv(BatchedEnv):
         return self._staging
 
     def _run_start_staged(self, parity: int) -> None:
-        self.staging_buffers()  # a worker replaced since the last staged step needs the staging copies
+        self._pool.check_open()  # closed from another thread: an error, never a restart in mid-rollout
+        self._bound_staging()  # a worker replaced since the last staged step needs the staging copies
         self._pool.send(STAGED_STEP[parity], range(self.num_workers))
 
     def _run_finish_staged(self, parity: int) -> bool:

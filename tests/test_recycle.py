@@ -204,3 +204,21 @@ def test_return_same_td_yields_one_tensordict_overwritten_in_place(kind, no_leak
         assert not torch.equal(ids[0], ids[-1]) and torch.equal(batches[0].get(("collector", "traj_ids")), ids[-1])
     finally:
         collector.shutdown()
+
+
+def test_step_outputs_the_caller_holds_are_never_overwritten():
+    env = SerialEnv(16, FrameCountingEnv)  # 16 frames of 21 KB: a step's frame leaves are recycled
+    try:
+        env.set_seed(0)
+        td = env.reset()
+        held = []
+        for t in range(12):
+            td["action"] = env.full_action_spec.rand()["action"]
+            stepped, td = env.step_and_maybe_reset(td)
+            if t % 3 == 0:
+                held.append((stepped, stepped.clone()))
+        assert all((kept == copy).all() for kept, copy in held)
+        frames = {kept.get(("next", "observation")).data_ptr() for kept, _ in held}
+        assert len(frames) == len(held) and env.recycler.kept_bytes > 0
+    finally:
+        env.close()
