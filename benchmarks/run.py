@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import functools
 import json
 import os
@@ -46,6 +47,8 @@ SYSTEMS: dict[str, RunFn] = {**anchors.ANCHORS, **ours.OURS}
 BUILDERS = {**anchors.BUILDERS, **ours.BUILDERS}
 #: Systems that start one process per env whatever ``num_workers`` says.
 ONE_PROCESS_PER_ENV = {"gym_async", "sb3_subproc"}
+#: Seconds the interpreter may take to exit after the results are written (see the end of this file).
+EXIT_WATCHDOG_S = 60
 
 #: ``--quick``: one point per workload (TorchRL's spawn start-up of several
 #: seconds per run dominates the wall time on 2 cores).
@@ -237,9 +240,14 @@ def main(argv=None) -> int:
     print()
     print(text)
     print(f"wrote {out}/results.json, results.md, throughput.png "
-          f"in {meta['total_wall_s']:.0f}s")
+          f"in {meta['total_wall_s']:.0f}s", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    status = main()
+    # Some anchors' objects hang the interpreter's exit (TorchRL's MultiSyncCollector: a weight-sync queue's
+    # __del__ starts a feeder thread during shutdown). The results are written: faulthandler's watchdog (a C
+    # thread, it needs no GIL) ends the process if exiting takes longer than this.
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True)
+    raise SystemExit(status)
