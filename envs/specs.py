@@ -176,7 +176,7 @@ def value_checker(spec: TensorSpec):
             return bool(((flags == 0) | (flags == 1)).all()) and bool((flags.sum(-1) <= 1).all())
 
         return check_one_hot
-    if type(spec) is Bounded and spec.dtype in _NUMPY_DTYPES:
+    if isinstance(spec, Bounded) and spec.dtype in _NUMPY_DTYPES:  # BoundedContinuous / BoundedDiscrete too
         low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
 
         def check_bounded(value: torch.Tensor) -> bool:
