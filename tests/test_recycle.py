@@ -113,41 +113,41 @@ def test_a_held_rollout_is_never_overwritten_and_a_dropped_one_is_reused(policy)
         env.close()
 
 
-def test_rollout_out_writes_into_the_callers_storage():
+@pytest.fixture
+def two_frame_envs():
     env = SerialEnv(2, FrameCountingEnv)
-    try:
-        env.set_seed(0)
-        storage = env.rollout(10, break_when_any_done=False)
-        pointers = _leaf_storages(storage)
-        again = env.rollout(10, break_when_any_done=False, out=storage)
-        assert again is storage and _leaf_storages(again) == pointers
-        assert bool((again.get(("next", "observation"))[:, 1:] != 0).all())
-
-        def policy(td):
-            return td.set("action", torch.ones(2, dtype=torch.int64))
-        cut = env.rollout(10, policy, out=storage)  # stops at the first done (episodes last 7 steps)
-        assert cut.batch_size[1] <= 10 and _leaf_storages(cut) <= pointers
-        assert bool((cut.get("action") == 1).all())
-    finally:
-        env.close()
+    env.set_seed(0)
+    yield env
+    env.close()
 
 
-def test_rollout_out_of_the_wrong_shape_is_refused_and_left_intact():
-    env = SerialEnv(2, FrameCountingEnv)
-    try:
-        env.set_seed(0)
-        storage = env.rollout(10, break_when_any_done=False)
-        before = storage.clone()
-        with pytest.raises(ValueError, match=r"batch size \(2, 10\).*needs \(2, 5\)"):
-            env.rollout(5, break_when_any_done=False, out=storage)
-        del storage["observation"]
-        with pytest.raises(ValueError, match="out\\['observation'\\] must be"):
-            env.rollout(10, break_when_any_done=False, out=storage)
-        assert (storage == before.exclude("observation")).all()
-        with pytest.raises(TypeError, match="takes a TensorDict"):
-            env.rollout(10, break_when_any_done=False, out=np.zeros(3))
-    finally:
-        env.close()
+def test_rollout_out_writes_into_the_callers_storage(two_frame_envs):
+    env = two_frame_envs
+    storage = env.rollout(10, break_when_any_done=False)
+    pointers = _leaf_storages(storage)
+    again = env.rollout(10, break_when_any_done=False, out=storage)
+    assert again is storage and _leaf_storages(again) == pointers
+    assert bool((again.get(("next", "observation"))[:, 1:] != 0).all())
+
+    def policy(td):
+        return td.set("action", torch.ones(2, dtype=torch.int64))
+    cut = env.rollout(10, policy, out=storage)  # stops at the first done (episodes last 7 steps)
+    assert cut.batch_size[1] <= 10 and _leaf_storages(cut) <= pointers
+    assert bool((cut.get("action") == 1).all())
+
+
+def test_rollout_out_of_the_wrong_shape_is_refused_and_left_intact(two_frame_envs):
+    env = two_frame_envs
+    storage = env.rollout(10, break_when_any_done=False)
+    before = storage.clone()
+    with pytest.raises(ValueError, match=r"batch size \(2, 10\).*needs \(2, 5\)"):
+        env.rollout(5, break_when_any_done=False, out=storage)
+    del storage["observation"]
+    with pytest.raises(ValueError, match="out\\['observation'\\] must be"):
+        env.rollout(10, break_when_any_done=False, out=storage)
+    assert (storage == before.exclude("observation")).all()
+    with pytest.raises(TypeError, match="takes a TensorDict"):
+        env.rollout(10, break_when_any_done=False, out=np.zeros(3))
 
 
 def test_parallel_rollouts_recycle_too(no_leaks):
