@@ -270,3 +270,30 @@ def measure_startup(constructor: Callable[[], Any],
     _, alive = psutil.wait_procs(workers, timeout=5)
     return {"startup_s": startup, "worker_rss_mb": rss, "worker_uss_mb": uss,
             "leftover_workers": len(alive)}
+
+
+def plot_ratios(results: list[dict], path: str | Path, systems: list[str]) -> Path:
+    """Save a bar chart of each system's ratio to serial (``vs_serial``), one group of bars per point
+    (workload, workers x envs), as a PNG at ``path``; a line marks the serial loop (1.0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = sorted({(r["workload"], r["config_workers"], r["config_envs_per_worker"]) for r in results})
+    ratio = {(r["workload"], r["config_workers"], r["config_envs_per_worker"], r["system"]): r["vs_serial"]
+             for r in results}
+    systems = [s for s in systems if any(key[3] == s for key in ratio)]
+    width = 0.8 / max(1, len(systems))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(points)), 4.2))
+    for i, system in enumerate(systems):
+        xs = [p + (i - (len(systems) - 1) / 2) * width for p in range(len(points))]
+        ax.bar(xs, [ratio.get((*point, system), 0.0) for point in points], width, label=system)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xticks(range(len(points)), [f"{w}\n{n} x {k}" for w, n, k in points])
+    ax.set_ylabel("env steps/s, ratio to the serial loop")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

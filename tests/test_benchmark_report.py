@@ -46,3 +46,16 @@ def test_the_benchmark_finds_our_own_systems():
 
     assert ours._import("tdcollect.envs", "ParallelEnv") is ParallelEnv
     assert ours._import("tdcollect.collectors", "MultiSyncCollector") is MultiSyncCollector
+
+
+def test_the_ratio_plot_is_written_from_results_files(tmp_path):
+    import json
+
+    from benchmarks.plot_ratios import main
+
+    runs = [run("serial", 0, 100.0), run("ours", 0, 150.0), run("gym_async", 0, 40.0)]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": aggregate(runs)}))
+    out = tmp_path / "ratios.png"
+    assert main([str(results), "--out", str(out), "--systems", "gym_async", "ours", "absent"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
