@@ -334,10 +334,7 @@ class WorkerPool:
 
     def start(self, code: int, workers) -> None:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
-        self.check_open()
-        for w in workers:
-            self._command[w] = code | NOTIFY
-            self._wake[w].release()
+        self.send(code | NOTIFY, workers)
 
     def wait_any(self, n: int, in_flight, code: int) -> list[int]:
         """Wait until ``n`` of the workers in ``in_flight`` (sent ``code`` with :meth:`start`) finished; return

@@ -47,7 +47,7 @@ class Recycler:
     def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of ``shape`` and ``dtype``: recycled memory when some is free."""
         shape = torch.Size(shape)
-        nbytes = shape.numel() * _itemsize(dtype)
+        nbytes = shape.numel() * dtype.itemsize
         if nbytes < self.min_bytes:
             return torch.empty(shape, dtype=dtype)
         return torch.from_numpy(self._buffer(nbytes)).view(dtype).view(shape)
@@ -106,7 +106,3 @@ class Recycler:
             buffers.pop(0)
             if not buffers:
                 del self._buffers[nbytes]
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
