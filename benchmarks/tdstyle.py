@@ -136,11 +136,11 @@ def run_parallel(backend: Backend, workload: str, num_envs: int,
             done, seconds = 0, 0.0
             start = time.perf_counter()
             while done < steps or seconds < MIN_TIMED_SECONDS:
-                n = chunk  # whole chunks: a loop of rollouts of one length
-                out = env.rollout(n, break_when_any_done=False,
+                # whole chunks: a loop of rollouts of one length
+                out = env.rollout(chunk, break_when_any_done=False,
                                   auto_reset=False, tensordict=td)
                 td = backend.step_mdp(out[..., -1])
-                done += n
+                done += chunk
                 seconds = time.perf_counter() - start
         finally:
             env.close()

@@ -179,7 +179,8 @@ class ParallelEnv(BatchedEnv):
     def _bound_staging(self):
         if not self.pipeline or self._handshake.has_objects:
             return None
-        generation = (id(self._pool), tuple(self._pool.restarts))
+        # a new pool starts with no staging (``_shutdown`` drops it); a replaced worker shows in ``restarts``
+        generation = tuple(self._pool.restarts)
         if self._staging is None or self._staging_generation != generation:
             if self._staging is None:
                 self._staging = allocate_staging(self._step_buffers)
