@@ -39,6 +39,7 @@ from .specs import (
     observation_spec_from_space,
     reward_spec,
 )
+from .values import BadValue, Guard, value_error
 
 
 def make_stepper(env, owner: str = "ParallelEnv"):
@@ -85,7 +86,7 @@ class GymStepper:
         obs, _ = self.env.reset(seed=seed)
         try:
             self._write_obs(obs, self._root, self._i)
-        except _Mismatch as bad:
+        except (_Mismatch, BadValue) as bad:
             raise self._error(bad, "reset()") from None
 
     def step(self) -> None:
@@ -95,7 +96,7 @@ class GymStepper:
             self._write_obs(obs, self._next, i)
             if type(reward) not in _SCALARS or type(terminated) not in _SCALARS or type(truncated) not in _SCALARS:
                 _check_scalars(reward=reward, terminated=terminated, truncated=truncated)
-        except _Mismatch as bad:
+        except (_Mismatch, BadValue) as bad:
             raise self._error(bad, "step()") from None
         done_flag, terminated_flag, truncated_flag = self._flags
         self._reward[i, 0] = reward
@@ -107,12 +108,14 @@ class GymStepper:
             obs, _ = self.env.reset()
             try:
                 self._write_obs(obs, self._root, i)
-            except _Mismatch as bad:
+            except (_Mismatch, BadValue) as bad:
                 raise self._error(bad, "reset()") from None
         else:
             self._write_obs_unchecked(obs, self._root, i)  # checked above
 
-    def _error(self, bad: _Mismatch, call: str) -> ValueError:
+    def _error(self, bad: _Mismatch | BadValue, call: str) -> ValueError:
+        if isinstance(bad, BadValue):
+            return value_error(self._env_index, call, bad.key, bad, gym_value_hint(bad.key))
         return shape_error(self._env_index, call, bad.key, bad.expected, bad.received, family="gym")
 
     def close(self) -> None:
@@ -135,17 +138,18 @@ class GymBlockStepper:
         self._next_obs = views.next_np["observation"]
         self._root_obs = views.root_np["observation"]
         self._obs_shape = self._next_obs.shape[1:]
+        self._obs_guard = Guard(self._next_obs.dtype)
         self._reward = views.next_np["reward"][:, 0]
         self._done, self._terminated, self._truncated = (views.next_np[key][:, 0] for key in DONE_KEYS)
         self._first = views.first_index
 
     def step(self) -> None:
         observations, rewards, terminated, truncated = [], [], [], []
-        shape, scalars, exact = self._obs_shape, _SCALARS, True
+        shape, scalars, exact, safe = self._obs_shape, _SCALARS, True, self._obs_guard.safe
         for env, action in zip(self.envs, self._read_actions()):
             obs, reward, term, trunc, _ = env.step(action)
             if exact and (getattr(obs, "shape", None) != shape or type(reward) not in scalars
-                          or type(term) not in scalars or type(trunc) not in scalars):
+                          or type(term) not in scalars or type(trunc) not in scalars or obs.dtype not in safe):
                 exact = False
             observations.append(obs)
             rewards.append(reward)
@@ -165,16 +169,27 @@ class GymBlockStepper:
                 if _shape_of(obs) != self._obs_shape:
                     raise shape_error(self._first + i, "reset()", "observation", self._obs_shape,
                                       _shape_of(obs), family="gym")
+                self._guarded(self._obs_guard, obs, i, "reset()", "observation")
                 self._root_obs[i] = obs
 
     def _check(self, observations: list, rewards: list, terminated: list, truncated: list) -> None:
-        """The error for the first env whose step() result has a shape other than its buffer row's."""
+        """The error for the first env whose step() result is None, has a shape other than its buffer row's, or
+        holds a value its buffer's dtype cannot hold."""
         for key, values, expected in (("observation", observations, self._obs_shape), ("reward", rewards, ()),
                                       ("terminated", terminated, ()), ("truncated", truncated, ())):
             for j, value in enumerate(values):
+                if value is None:
+                    self._guarded(_SCALAR_GUARD, value, j, "step()", key)
                 received = _shape_of(value)
                 if received != expected:
                     raise shape_error(self._first + j, "step()", key, expected, received, family="gym")
+                self._guarded(self._obs_guard if key == "observation" else _SCALAR_GUARD, value, j, "step()", key)
+
+    def _guarded(self, guard: Guard, value, j: int, call: str, key: str) -> None:
+        try:
+            guard(value)
+        except BadValue as bad:
+            raise value_error(self._first + j, call, key, bad, gym_value_hint(key)) from None
 
 
 def block_stepper(steppers: list, views: BufferViews) -> GymBlockStepper | None:
@@ -229,11 +244,29 @@ def _shape_of(value):
 
 
 def _check_scalars(**values) -> None:
-    """Raise :class:`_Mismatch` for the first value that is not a scalar (shape ``()``)."""
+    """Raise :class:`_Mismatch` for the first value that is not a scalar (shape ``()``), :class:`BadValue` (with
+    its ``key``) for one that is not a number (None, a string)."""
     for key, value in values.items():
+        try:
+            _SCALAR_GUARD(value)
+        except BadValue as bad:
+            bad.key = key
+            raise
         received = _shape_of(value)
         if received != ():
             raise _Mismatch(key, (), received)
+
+
+#: rewards and done flags: any real number (a bool buffer's flags are truth values, as gymnasium reads them)
+_SCALAR_GUARD = Guard(np.float64)
+
+
+def gym_value_hint(key) -> str:
+    """How to fix a gymnasium env's value that :class:`~.values.Guard` refused."""
+    if key in _FLAGS:
+        return f"return {key} as a Python or numpy number"
+    return ("return values that the dtype of the env's observation_space holds, or declare a dtype that holds "
+            "them")
 
 
 _FLAGS = ("reward", "terminated", "truncated")
@@ -296,16 +329,27 @@ def _leaf_writer(space: spaces.Space, key: tuple, check: bool):
     name = key[0] if len(key) == 1 else key
     shape = tuple(space.shape)  # the leaf's row shape in the buffers (see specs.space_to_spec)
 
-    def check_shape(value):
-        if getattr(value, "shape", None) != shape and _shape_of(value) != shape:
-            raise _Mismatch(name, shape, _shape_of(value))
+    categorical = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete))
+    guard = Guard(np.int64 if categorical else space.dtype)  # the leaf's buffer dtype (see specs.space_to_spec)
+    safe = guard.safe
+
+    def check_value(value):
+        if value is None or (getattr(value, "shape", None) != shape and _shape_of(value) != shape):
+            if value is not None:
+                raise _Mismatch(name, shape, _shape_of(value))
+        if getattr(value, "dtype", None) not in safe:
+            try:
+                guard.check(value)
+            except BadValue as bad:
+                bad.key = name
+                raise
 
     start = getattr(space, "start", None)
-    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) and np.any(start != 0):
+    if categorical and np.any(start != 0):
 
         def write_shifted(value, array, i):
             if check:
-                check_shape(value)
+                check_value(value)
             array[i] = np.asarray(value) - start
 
         return write_shifted
@@ -318,8 +362,8 @@ def _leaf_writer(space: spaces.Space, key: tuple, check: bool):
         return write_unchecked
 
     def write(value, array, i):
-        if getattr(value, "shape", None) != shape and _shape_of(value) != shape:
-            raise _Mismatch(name, shape, _shape_of(value))
+        if getattr(value, "shape", None) != shape or getattr(value, "dtype", None) not in safe:
+            check_value(value)
         array[i] = value
 
     return write
@@ -372,8 +416,8 @@ class TorchRLStepper:
         self._next = views.next[index]
         self._action = views.action[index]
         self._env_index = views.first_index + index
-        self._root_shapes = [(key, tuple(self._root.get(key).shape)) for key in self._root_keys]
-        self._next_shapes = [(key, tuple(self._next.get(key).shape)) for key in self._next_keys]
+        self._root_shapes = [_expected(self._root.get(key), key) for key in self._root_keys]
+        self._next_shapes = [_expected(self._next.get(key), key) for key in self._next_keys]
 
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
@@ -418,14 +462,30 @@ class TorchRLStepper:
                                                                                           strict=False)}
 
     def _check(self, td, shapes: list, call: str) -> None:
-        for key, expected in shapes:
+        for key, expected, dtype, guard in shapes:
             value = td.get(key, None)
-            if value is not None and value.shape != expected:
+            if value is None:
+                continue
+            if value.shape != expected:
                 raise shape_error(self._env_index, call, key, expected, tuple(value.shape), family="torchrl")
+            if value.dtype is not dtype:
+                try:
+                    guard.check(value)
+                except BadValue as bad:
+                    raise value_error(self._env_index, call, key, bad, _TORCHRL_VALUE_HINT) from None
 
     def close(self) -> None:
         # always called: a plain EnvBase subclass reports is_closed=True from its construction on
         self.env.close(raise_if_closed=False)
+
+
+def _expected(buffer: torch.Tensor, key) -> tuple:
+    """``(key, shape, dtype, guard)`` of a TorchRL env's entry, from its buffer row."""
+    return key, tuple(buffer.shape), buffer.dtype, Guard(buffer.dtype)
+
+
+_TORCHRL_VALUE_HINT = ("make _reset() and _step() return tensors of the dtypes its specs declare, or values that "
+                       "fit them")
 
 
 class DmEnvStepper:
@@ -460,6 +520,7 @@ class DmEnvStepper:
         )
         self._read_action = dm.ActionReader(layout.action_slots, views.action_np, at)
         self._flags = [views.next_np[key][index, ...] for key in DONE_KEYS]
+        self._env_index = views.first_index + index
 
     def seed(self, seed: int) -> None:
         """Seed the env before its next reset: not possible for a plain dm_env env (warns once)."""
@@ -474,17 +535,25 @@ class DmEnvStepper:
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.seed(seed)
-        self._write_root(self.env.reset())
+        self._write(self._write_root, self.env.reset(), "reset()")
 
     def step(self) -> None:
         timestep = self.env.step(self._read_action())
-        self._write_next(timestep)
+        self._write(self._write_next, timestep, "step()")
         flags = self._dm.done_flags(timestep)
         for array, flag in zip(self._flags, flags):
             array[...] = flag
         if flags[0]:
-            timestep = self.env.reset()
-        self._write_root(timestep)
+            self._write(self._write_root, self.env.reset(), "reset()")
+        else:
+            self._write_root(timestep)
+
+    def _write(self, writer, timestep, call: str) -> None:
+        try:
+            writer(timestep)
+        except BadValue as bad:
+            raise value_error(self._env_index, call, bad.key, bad, "return timesteps whose values have the shapes "
+                              "and fit the dtypes of the env's observation_spec() and reward_spec()") from None
 
     def close(self) -> None:
         self.env.close()

@@ -40,6 +40,7 @@ from dm_env import specs as dm
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
 from .specs import done_spec, torch_dtype
+from .values import BadValue, Guard
 
 #: the root of every source path: ``("observation", ...)`` reads the timestep's observation,
 #: ``("reward",)`` its reward.
@@ -190,17 +191,31 @@ class TimestepWriter:
         for slot in slots:
             where = index if slot.player is None else (*index, slot.player)
             target = leaf_array(tree, slot.key)[(*where, Ellipsis)]
-            self._targets.append((slot.source, target, slot.offset))
+            squeezed = tuple(n for n in target.shape if n != 1)
+            self._targets.append((slot.source, target, slot.offset, slot.key, squeezed, Guard(target.dtype)))
 
     def __call__(self, timestep: dm_env.TimeStep) -> None:
+        """Write ``timestep``'s values; :class:`~.values.BadValue` (its ``key`` set) for a value of another shape
+        than its slot (only dims of size 1 may differ: a scalar reward fills a ``[1]`` slot) or one its
+        buffer's dtype cannot hold; ``None`` is 0 only as the reward of a FIRST timestep."""
         values = {OBSERVATION: timestep.observation, REWARD: timestep.reward}
-        for source, target, offset in self._targets:
+        for source, target, offset, key, squeezed, guard in self._targets:
             value = values
             for part in source:
                 value = value[part]
-            if value is None:  # the reward of a FIRST timestep
-                target[...] = 0
-            elif offset is None:
+            try:
+                if value is None and source[0] == REWARD and timestep.first():
+                    target[...] = 0
+                    continue
+                guard(value)
+                shape = np.shape(value)
+                if shape != target.shape and tuple(n for n in shape if n != 1) != squeezed:
+                    raise BadValue(f"an array of shape {shape}, where the env's spec declares {target.shape} "
+                                   "(values are never reshaped into another shape)")
+            except BadValue as bad:
+                bad.key = key
+                raise
+            if offset is None:
                 target[...] = np.reshape(value, target.shape)
             else:
                 target[...] = np.reshape(value, target.shape) - offset
