@@ -25,6 +25,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdcollect.envs.batched import BatchedEnv
 from tdcollect.envs.recorder import StepRecorder
+from tdcollect.envs.shared import in_shared_memory
 
 from .policies import ActionSampler, DirectModule, RandomPolicy
 
@@ -63,7 +64,7 @@ class BatchLoop:
         template = self._template()
         self.storage = template.unsqueeze(-1).expand(self.n_envs, steps).clone()
         if shared:
-            self.storage.share_memory_()
+            in_shared_memory(self.storage, f"the collector's batch storage ({self.n_envs} envs x {steps} steps)")
         self.views = self.storage.unbind(-1)
         self.storage_keys = list(self.storage.keys(True, True))
         self._next_done = self.storage.get(("next", "done")).view(self.n_envs, steps)

@@ -15,6 +15,7 @@ from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.group import seed_chain
 from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
+from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.specs import agreed_specs
 
 from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
@@ -99,7 +100,7 @@ class MultiSyncCollector(CollectorBase):
         self.num_workers = num_workers = len(pickled)
         self.max_restarts = int(max_restarts)
         self._weights = SharedWeights(module) if module is not None else None
-        self._versions_tensor = torch.full((num_workers,), -1, dtype=torch.int64).share_memory_()
+        self._versions_tensor = in_shared_memory(torch.full((num_workers,), -1, dtype=torch.int64), "the versions")
         config = {"policy_device": policy_device or device, "loop": loop_options(
             reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions)}
         self._handshake = StorageHandshake(frames_per_batch)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from tdcollect.envs.shared import in_shared_memory
+
 from .policies import policy_module
 
 
@@ -28,7 +30,7 @@ def policy_weights_of(source) -> TensorDictBase:
 
 class SharedWeights:
     def __init__(self, module):
-        self.params = policy_weights_of(module).to("cpu").clone().share_memory_()
+        self.params = in_shared_memory(policy_weights_of(module).to("cpu").clone(), "the policy's shared weights")
         self.version = torch.zeros((), dtype=torch.int64).share_memory_()
 
     def publish(self, source) -> None:

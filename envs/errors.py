@@ -75,6 +75,11 @@ class ArgumentError(ValueError, RuntimeError):
     ``RuntimeError`` too, as TorchRL's batched envs raise for the same faults.)"""
 
 
+class SharedMemoryError(RuntimeError):
+    """The shared memory (``/dev/shm``) cannot hold the buffers asked for; raised where they are allocated, with
+    how much was needed, how much is free and the fix, before anything is written to them."""
+
+
 class ConstructorError(TypeError, RuntimeError):
     """What was passed as an env constructor cannot build envs in a worker (an env instance, something not
     callable, a constructor that cannot be pickled)."""

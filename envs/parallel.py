@@ -11,7 +11,7 @@ from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutEr
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .pool import WorkerPool, exit_if_bootstrapping, fits_cores, resolve_start_method
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
-from .shared import EnvSpecs, allocate_buffers, allocate_staging
+from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
 from .specs import agreed_specs
 
 
@@ -32,8 +32,9 @@ class BufferHandshake:
         self.has_objects = any(self.specs.non_tensor_keys())  # workers then answer steps with data
         if self.buffers is None:  # the first start, or a start after close()
             self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
-            self.reset_tensor = torch.zeros(self.num_envs, self.specs.batch_numel, dtype=torch.bool).share_memory_()
-            self.step_tensor = torch.zeros(self.num_envs, dtype=torch.bool).share_memory_()
+            reset = torch.zeros(self.num_envs, self.specs.batch_numel, dtype=torch.bool)
+            self.reset_tensor = in_shared_memory(reset, "the reset masks")
+            self.step_tensor = in_shared_memory(torch.zeros(self.num_envs, dtype=torch.bool), "the step masks")
         return {w: (self.buffers, self.reset_tensor, self.step_tensor) for w in infos}
 
     def ready(self, replies: dict) -> None:

@@ -47,6 +47,7 @@ from .protocol import (
     poll,
     worker_error,
 )
+from .shared import in_shared_memory, semaphore
 
 START_METHODS = ("fork", "forkserver", "spawn")
 SPIN_S = 0.001  # how long a side polls before it blocks, when there are cores to spare
@@ -178,13 +179,13 @@ class WorkerPool:
         context = tmp.get_context(start_method)
         if start_method == "forkserver":
             context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.protocol"])
-        self._command_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
-        self._status_tensor = torch.zeros(num_workers, dtype=torch.int32).share_memory_()
+        self._command_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the commands")
+        self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
         self._command = self._command_tensor.numpy()
         self._status = self._status_tensor.numpy()
         self._context, self._target, self._args, self._handshake = context, target, args, handshake
         self._wake, self._done = [None] * num_workers, [None] * num_workers
-        self._any_done = context.Semaphore(0)
+        self._any_done = semaphore(context)
         self._last_liveness_check = 0.0
         self.procs, self.conns = [None] * num_workers, [None] * num_workers
         self.restarts = [0] * num_workers
@@ -200,7 +201,7 @@ class WorkerPool:
 
     def _spawn(self, w: int) -> None:
         context = self._context
-        self._wake[w], self._done[w] = context.Semaphore(0), context.Semaphore(0)
+        self._wake[w], self._done[w] = semaphore(context), semaphore(context)
         parent_conn, child_conn = context.Pipe()
         # PR_SET_PDEATHSIG fires when the creating *thread* exits: only ask for it from the main thread (or
         # through the forkserver, the workers' single-threaded parent); otherwise the idle poll notices

@@ -13,6 +13,8 @@ so nothing is pickled per step.
 """
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +22,7 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor
 
-from .errors import ArgumentError
+from .errors import ArgumentError, SharedMemoryError
 
 
 @dataclass
@@ -113,7 +115,79 @@ def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict
             f"{stacked or 'at the top'}): the buffers need one shape per entry. Give every agent group its own key "
             "with one shape, or use torchrl.envs.ParallelEnv for these envs."
         )
-    return buffers.share_memory_() if shared else buffers
+    return in_shared_memory(buffers, "the step buffers") if shared else buffers
+
+
+# ----------------------------------------------------------------- shared memory
+SHM_DIR = "/dev/shm"
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes free in the shared-memory file system (None where there is none to ask)."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def shm_error(needed: int, what: str) -> SharedMemoryError:
+    """The error for ``needed`` bytes of shared memory that cannot be had, with what is free and the fixes."""
+    free = shm_free_bytes()
+    has = "" if free is None else f", {_size(free)} free in {SHM_DIR}"
+    return SharedMemoryError(
+        f"not enough shared memory for {what}: {_size(needed)} needed{has}. Give the machine or container more "
+        f"(docker run --shm-size=2g ..., or a larger tmpfs on {SHM_DIR}), or use fewer envs, shorter batches or "
+        "smaller observations."
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def in_shared_memory(data, what: str):
+    """``data`` (a tensor or TensorDict) moved into shared memory, as ``data.share_memory_()`` does, or a
+    :class:`SharedMemoryError` naming ``what`` when ``/dev/shm`` cannot hold it (checked before any byte is
+    written; torch reserves the pages of each segment, so a full ``/dev/shm`` is an error, never a SIGBUS)."""
+    needed = data.numel() * data.element_size() if isinstance(data, torch.Tensor) else data.bytes()
+    free = shm_free_bytes()
+    if free is not None and needed > free:
+        raise shm_error(needed, what)
+    try:
+        return data.share_memory_()
+    except RuntimeError as err:
+        if "No space left on device" in str(err) or "unable to allocate shared memory" in str(err):
+            raise shm_error(needed, what) from None
+        raise
+
+
+def semaphore(context):
+    """``context.Semaphore(0)``; :class:`SharedMemoryError` when ``/dev/shm`` has no room left for it."""
+    try:
+        return context.Semaphore(0)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise shm_error(32, "the workers' semaphores") from None
+        raise
+
+
+def reserve_segment(name: str, size: int, what: str) -> None:
+    """Reserve every page of the POSIX shared-memory segment ``name`` (made by ``multiprocessing.shared_memory``,
+    which maps it lazily: its first write to a page /dev/shm cannot hold would kill the process with SIGBUS);
+    :class:`SharedMemoryError` when they cannot be had."""
+    path = os.path.join(SHM_DIR, name.lstrip("/"))
+    if not os.path.exists(path):  # not a tmpfs-backed platform: nothing to reserve
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.ENOMEM):
+            raise shm_error(size, what) from None
+        raise
+    finally:
+        os.close(fd)
 
 
 class BufferViews:
@@ -159,7 +233,7 @@ def allocate_staging(buffers: TensorDictBase) -> TensorDict:
     staged step, each worker copies its rows of the step's results into copy ``t % 2``, so that the main process
     can read step ``t`` while the workers run step ``t + 1`` (see ``BatchedEnv.start_staged_step``)."""
     results = buffers.select("root", "next")
-    return torch.stack([results, results]).clone().share_memory_()
+    return in_shared_memory(torch.stack([results, results]).clone(), "the pipelined rollout's staging buffers")
 
 
 class StageCopy:

@@ -31,9 +31,9 @@ class BadValue(ValueError):
 
 
 def keeps_values(src: np.dtype, dst: np.dtype) -> bool:
-    """True when every value of ``src`` is stored unchanged in ``dst`` (floats into a narrower float count as
-    kept: float64 -> float32 is what every env library does)."""
-    return np.can_cast(src, dst, "safe") or (src.kind == "f" and dst.kind == "f")
+    """True when every value of ``src`` is stored in ``dst`` as the same number, up to a float's precision
+    (float64 -> float32 and int64 -> float32 round, as every env library does; nothing wraps around)."""
+    return np.can_cast(src, dst, "safe") or (src.kind in "biuf" and dst.kind == "f")
 
 
 class Guard:

@@ -37,6 +37,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .shared import reserve_segment
+
 SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
 STEP, RESET, FINAL = 0, 1, 2
 KINDS = 3
@@ -67,6 +69,12 @@ class Mailbox:
         lengths_at = -(-num_envs // 8) * 8
         size = lengths_at + num_envs * KINDS * (4 + capacity)
         shm = shared_memory.SharedMemory(create=True, size=size)
+        try:
+            reserve_segment(shm.name, size, "the infos' mailbox")
+        except BaseException:
+            shm.close()
+            shm.unlink()
+            raise
         box = cls(shm, num_envs, capacity)
         box.control[:] = 0
         box.lengths[:] = 0
