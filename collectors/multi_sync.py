@@ -7,6 +7,8 @@ next batch (synchronous, on-policy collection).
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
@@ -182,4 +184,8 @@ class MultiSyncCollector(CollectorBase):
             pool.stop()
         if handshake is not None:
             handshake.storages.clear()
+        if "_versions_tensor" in self.__dict__:  # a private copy: weight_versions still answers
+            self._versions_tensor = self._versions_tensor.clone()
+        self._same = self._weights = None
+        gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 

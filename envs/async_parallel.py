@@ -71,6 +71,13 @@ class AsyncParallelEnv(ParallelEnv):
         self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.next_buffer.items(True, True)]
         self._action_arrays = [numpy_view(buffer) for _, buffer in self.action_buffers]
 
+    def close(self, *, raise_if_closed: bool = False) -> None:
+        """As :meth:`ParallelEnv.close`, and the numpy views of the buffers go too, so that their memory is freed
+        now (not when this object is collected)."""
+        self._root_arrays = self._next_arrays = self._action_arrays = []
+        self._action_checks = {}
+        super().close(raise_if_closed=raise_if_closed)
+
     # ----------------------------------------------------------------- asynchronous API
     def async_reset(self) -> None:
         """Start resetting every env (seeded if :meth:`set_seed` was called); returns at once."""

@@ -476,3 +476,6 @@ class WorkerPool:
         self._wake = [None] * len(self._wake)
         self._done = [None] * len(self._done)
         self._any_done = None
+        # private copies: the shared segments are freed now, and a call racing this one still finds arrays
+        self._command, self._status = self._command.copy(), self._status.copy()
+        self._command_tensor = self._status_tensor = self._args = None  # the workers' arguments hold segments too

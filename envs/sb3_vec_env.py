@@ -75,12 +75,14 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         the observations, and each env's reset info in ``reset_infos``."""
         self._check_open("reset")
         options = [options or None for options in self._options]
-        self._core.reset(None, list(self._seeds), options)
-        posts = self._core.reset_posts()
+        with self._closed_under("reset"):
+            self._core.reset(None, list(self._seeds), options)
+            posts = self._core.reset_posts()
+            observations = self._core.observations.batch("root")
         self.reset_infos = [posts.get(i, {}) for i in range(self.num_envs)]
         self._reset_seeds()
         self._reset_options()
-        return self._core.observations.batch("root")
+        return observations
 
     def step_async(self, actions: np.ndarray) -> None:
         """Check ``actions`` (``[num_envs, ...]``) and write them into the shared buffers."""
@@ -93,6 +95,11 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         if not self.waiting:
             raise RuntimeError("step_wait() was called with no step_async() before it.")
         self.waiting = False
+        with self._closed_under("step_wait"):
+            return self._run_step()
+
+    def _run_step(self) -> VecEnvStepReturn:
+        """Step every env with the actions in the buffers; SB3's step results."""
         core = self._core
         core.step()
         posts = core.take_posts() or ({}, {}, {})

@@ -167,8 +167,9 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         of all envs (the current ones where an env was not reset) and the reset envs' infos."""
         plan = self._reset_plan(seed, options)
         self._idle("reset")
-        self._core.reset(*plan)
-        return self._reset_result()
+        with self._closed_under("reset"):
+            self._core.reset(*plan)
+            return self._reset_result()
 
     def reset_async(self, seed: int | Sequence[int | None] | None = None,
                     options: dict[str, Any] | None = None) -> None:
@@ -180,8 +181,9 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """The result of the pending :meth:`reset_async`; ``multiprocessing.TimeoutError`` after ``timeout``
         seconds (the reset goes on: call ``reset_wait`` again, or ``close``)."""
-        self._wait("reset", timeout)
-        return self._reset_result()
+        with self._closed_under("reset_wait"):
+            self._wait("reset", timeout)
+            return self._reset_result()
 
     def _reset_plan(self, seed, options) -> tuple:
         n = self.num_envs
@@ -213,8 +215,9 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         ``(observations, rewards, terminations, truncations, infos)`` as the ``autoreset_mode`` defines them."""
         self._idle("step")
         self._core.write_actions(actions)
-        self._core.step()
-        return self._step_result()
+        with self._closed_under("step"):
+            self._core.step()
+            return self._step_result()
 
     def step_async(self, actions) -> None:
         """Check and send ``actions``, and step the envs in the background; :meth:`step_wait` returns the result."""
@@ -225,8 +228,9 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     def step_wait(self, timeout: float | None = None):
         """The result of the pending :meth:`step_async`; ``multiprocessing.TimeoutError`` after ``timeout``
         seconds (the step goes on: call ``step_wait`` again, or ``close``)."""
-        self._wait("step", timeout)
-        return self._step_result()
+        with self._closed_under("step_wait"):
+            self._wait("step", timeout)
+            return self._step_result()
 
     def _step_result(self):
         core = self._core

@@ -103,6 +103,18 @@ class EngineWorkers:
             raise self.closed_error(f"{what}() was called on a {type(self).__name__} that shut down after a "
                                     "worker died or hung (the error raised then said which); make a new one.")
 
+    @contextlib.contextmanager
+    def _closed_under(self, what: str):
+        """Whatever fails inside, because ``close()`` ran meanwhile (from another thread or a signal handler,
+        while ``what`` waited for the workers), is raised as the :attr:`closed_error`."""
+        try:
+            yield
+        except Exception:
+            if not self._core.closing:
+                raise
+            raise self.closed_error(f"{type(self).__name__} was closed (from another thread or a signal handler?) "
+                                    f"while {what}() ran; make a new one to go on.") from None
+
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers."""
@@ -134,7 +146,7 @@ class EngineCore:
         fns = list(env_fns)
         for fn in fns:
             check_factory(fn, owner)
-        self.owner, self.num_envs = owner, len(fns)
+        self.owner, self.num_envs, self.closing = owner, len(fns), False
         workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
         self.num_workers, self.envs_per_worker = workers, k
         self.token = uuid.uuid4().hex
@@ -276,6 +288,7 @@ class EngineCore:
     # ----------------------------------------------------------------- closing
     def close(self) -> None:
         """Stop the workers, free the buffers and the mailbox; idempotent."""
+        self.closing = True
         self.observations = self.actions = None
         self.reward = self.terminated = self.truncated = self.done = None
         self._finalizer()
