@@ -180,7 +180,7 @@ def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str
 
 
 def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
-                 check_actions: bool) -> dict:
+                 check_actions: bool, check_values: bool = False) -> dict:
     """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
     from torchrl.envs.utils import ExplorationType
 
@@ -188,4 +188,5 @@ def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, expl
         raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
                          f", got {exploration_type!r}.")
     return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
-            "exploration_type": exploration_type, "check_actions": bool(check_actions)}
+            "exploration_type": exploration_type, "check_actions": bool(check_actions),
+            "check_values": bool(check_values)}

@@ -6,6 +6,7 @@ import gymnasium as gym
 from torchrl.envs import EnvBase
 
 from tdcollect.envs import SerialEnv
+from tdcollect.envs.shared import EnvSpecs
 
 from .policies import make_policy, policy_module
 
@@ -28,6 +29,13 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
             f"{owner}: the env factory returned {type(env).__name__}; return a gymnasium env or a TorchRL env."
         )
     return env, owned
+
+
+def worker_specs(env: EnvBase) -> EnvSpecs:
+    """The specs of one env of a worker's batched ``env``: what a remote collector worker reports at start-up, so
+    that the main process can check that every worker steps the same envs (bounds included)."""
+    return EnvSpecs(env.full_observation_spec[0], env.full_action_spec[0], env.full_reward_spec[0],
+                    env.full_done_spec[0])
 
 
 def build_worker(factory, policy_payload: bytes | None, policy_device, owner: str):

@@ -26,6 +26,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from tdcollect.envs.batched import BatchedEnv
 from tdcollect.envs.recorder import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
+from tdcollect.envs.values import check_finite
 
 from .policies import ActionSampler, DirectModule, RandomPolicy
 
@@ -38,12 +39,15 @@ class BatchLoop:
     Options (as in TorchRL): ``reset_at_each_iter``, ``max_frames_per_traj``, ``exploration_type`` (the
     interaction type the policy runs under, default ``ExplorationType.RANDOM``: stochastic actors sample);
     ``check_actions`` (default True): every step's actions are checked against the action spec (shape,
-    dtype, values in bounds, floats finite) before they reach the envs, else only the first step's.
+    dtype, values in bounds, floats finite) before they reach the envs, else only the first step's;
+    ``check_values`` (default False): a batch whose observations or rewards hold NaN or an infinity is a
+    ``ValueError`` naming the env (its row) and the key.
     """
 
     def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False, inference_mode: bool = False,
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 check_values: bool = False):
         if len(env.batch_size) != 1:
             raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}; "
                              "a batched TorchRL env goes through TorchRL's Collector over a ParallelEnv.")
@@ -55,7 +59,7 @@ class BatchLoop:
         self.reset_at_each_iter = reset_at_each_iter
         self.max_frames_per_traj = max_frames_per_traj
         self.exploration_type = exploration_type
-        self.check_actions = check_actions
+        self.check_actions, self.check_values = check_actions, check_values
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
         self.traj_steps = np.zeros(self.n_envs, dtype=np.int64)
         self.lean = isinstance(env, BatchedEnv)
@@ -130,6 +134,8 @@ class BatchLoop:
             for t in range(self.steps):
                 step(t, random)
         self._first = False
+        if self.check_values:
+            check_finite(self.storage.get("next"), "the collector", "step()")
         return self.storage
 
     def _lean_step(self, t: int, random: bool) -> None:

@@ -72,7 +72,7 @@ class MultiSyncCollector(CollectorBase):
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
         reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type: as in
         TorchRL (``exploration_type`` default ``ExplorationType.RANDOM``, applied in every worker).
-        check_actions: as for :class:`~tdcollect.collectors.Collector`.
+        check_actions, check_values: as for :class:`~tdcollect.collectors.Collector`.
         mp_start_method, timeout: as for :class:`~tdcollect.envs.ParallelEnv`.
         max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
             (opt-in; default 0). The replacement collects that worker's part of the batch again, its envs
@@ -89,6 +89,7 @@ class MultiSyncCollector(CollectorBase):
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 check_values: bool = False,
                  return_same_td: bool = False):
         exit_if_bootstrapping()
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
@@ -104,7 +105,7 @@ class MultiSyncCollector(CollectorBase):
         self._weights = SharedWeights(module) if module is not None else None
         self._versions_tensor = in_shared_memory(torch.full((num_workers,), -1, dtype=torch.int64), "the versions")
         config = {"policy_device": policy_device or device, "loop": loop_options(
-            reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions)}
+            reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values)}
         self._handshake = StorageHandshake(frames_per_batch)
         self._pool = WorkerPool(
             run_collector_worker,

@@ -49,9 +49,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess that 
 from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
 from tdcollect.envs.group import seed_chain
 from tdcollect.envs.protocol import error_report, worker_error
+from tdcollect.envs.specs import check_same_specs
 
 from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
-from .env_setup import build_worker
+from .env_setup import build_worker, worker_specs
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
 from .weights import policy_weights_of
 
@@ -78,10 +79,10 @@ class RayCollectorWorker:
             self.error = error_report(exc, "construction")
 
     def info(self):
-        """``("ok", {"n_envs", "incarnation", "pid", "node"})``."""
+        """``("ok", {"n_envs", "specs", "incarnation", "pid", "node"})``."""
         if self.error is not None:
             return "error", self.error
-        return "ok", {"n_envs": int(self.env.batch_size.numel()), **self._identity()}
+        return "ok", {"n_envs": int(self.env.batch_size.numel()), "specs": worker_specs(self.env), **self._identity()}
 
     def collect(self, random: bool, steps: int, weights: list, version: int):
         """Fill the next ``[n_envs, steps]`` batch; ``weights``: ``[ObjectRef of the parameters' TensorDict or
@@ -159,7 +160,7 @@ class RayCollector(CollectorBase):
             :meth:`update_policy_weights_`.
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
         reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type,
-        check_actions: as for
+        check_actions, check_values: as for
             :class:`~tdcollect.collectors.MultiSyncCollector` (``policy_device`` is the device inside each actor).
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialized in this process yet, e.g.
             ``{"address": "auto"}`` to join a running cluster; by default a local cluster is started
@@ -184,7 +185,8 @@ class RayCollector(CollectorBase):
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  ray_init_kwargs: dict | None = None, num_cpus: float = 1, num_gpus: float = 0,
                  max_restarts: int = 3, timeout: float = 300.0,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True):
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 check_values: bool = False):
         self._actors: list = []
         self._started_ray = False
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
@@ -202,7 +204,7 @@ class RayCollector(CollectorBase):
         self._restarts = [0] * num_workers
         self._versions = [-1] * num_workers
         config = {"policy_device": policy_device, "threads": max(1, int(num_cpus)), "loop": loop_options(
-            reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions)}
+            reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values)}
         self._start_ray(ray_init_kwargs)
         try:
             self._warn_if_too_big()
@@ -210,6 +212,8 @@ class RayCollector(CollectorBase):
                        "max_task_retries": -1}
             self._actors = [_RemoteWorker.options(**options).remote(fn, payload, config) for fn in pickled]
             infos = self._gather([actor.info.remote() for actor in self._actors], "construction")
+            check_same_specs({f"actor {w}": info["specs"] for w, info in enumerate(infos)},
+                             f"All actors of one {OWNER} must build envs with the same specs.")
             self.envs_per_worker = [info["n_envs"] for info in infos]
             self._incarnations = [info["incarnation"] for info in infos]
             self._pids = [info["pid"] for info in infos]

@@ -31,6 +31,9 @@ class Collector(CollectorBase):
             ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
         check_actions: check every step's actions against the action spec (shape, dtype, bounds, NaN/inf)
             before they reach the envs (default True); False checks the first step only.
+        check_values: opt-in (default False): a batch whose observations or rewards hold NaN or an infinity is a
+            ``ValueError`` naming the env and the key (shapes, ``None`` and values that do not fit the buffers'
+            dtypes are refused always).
         progress_bar: show a tqdm bar with frames/s.
         return_same_td: as in TorchRL, opt-in: yield the same TensorDict every time, its values overwritten by the
             next batch (no copy at all). By default every batch is the caller's to keep: it is never written again
@@ -43,6 +46,7 @@ class Collector(CollectorBase):
                  split_trajs: bool = False, reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 check_values: bool = False,
                  return_same_td: bool = False):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
@@ -54,7 +58,7 @@ class Collector(CollectorBase):
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
             self.policy = make_policy(policy, self.env.full_action_spec, policy_device or device)
             self._loop = BatchLoop(self.env, self.policy, steps, **loop_options(
-                reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions))
+                reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))
         except BaseException:
             self._shutdown()
             raise

@@ -9,9 +9,8 @@ import torch
 from tensordict import TensorDict
 
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
-from tdcollect.envs.shared import EnvSpecs
 
-from .env_setup import build_worker
+from .env_setup import build_worker, worker_specs
 from .loop import BatchLoop
 
 
@@ -31,9 +30,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             env.close()
         channel.fail_start(exc)
     try:
-        specs = EnvSpecs(env.full_observation_spec[0], env.full_action_spec[0], env.full_reward_spec[0],
-                         env.full_done_spec[0])
-        steps = channel.hello((env.batch_size.numel(), specs))
+        steps = channel.hello((env.batch_size.numel(), worker_specs(env)))
         if steps is None:
             return
         try:

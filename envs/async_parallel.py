@@ -30,6 +30,7 @@ from .parallel import ParallelEnv
 from .protocol import RESET, STEP
 from .shared import numpy_view
 from .specs import value_checker
+from .values import check_finite
 
 
 class AsyncParallelEnv(ParallelEnv):
@@ -148,7 +149,10 @@ class AsyncParallelEnv(ParallelEnv):
         source = _nest({key: _tensor(root[key], dtype) for key, _, dtype in self._root_arrays})
         source["next"] = _nest({key: _tensor(next_[key], dtype) for key, _, dtype in self._next_arrays})
         source["env_ids"] = torch.from_numpy(np.concatenate([np.arange(s.start, s.stop) for s in slices]))
-        return TensorDict(source, batch_size=[len(source["env_ids"])])
+        out = TensorDict(source, batch_size=[len(source["env_ids"])])
+        if self.check_values:
+            check_finite(out.get("next"), self.owner, "step()", source["env_ids"].tolist())
+        return out
 
     def _workers_of(self, tensordict: TensorDictBase) -> list[int]:
         """The workers whose envs ``tensordict["env_ids"]`` names; they must be whole workers that recv()

@@ -33,6 +33,7 @@ from .recycle import Recycler
 from .rollout import policy_rollout, random_rollout
 from .shared import EnvSpecs, key_tuple
 from .specs import value_checker
+from .values import check_finite
 
 
 def _one_thread(method):
@@ -72,6 +73,8 @@ class BatchedEnv(EnvBase):
         self.full_reward_spec = specs.reward.expand(num_envs, *specs.batch_shape)
         self.full_done_spec = specs.done.expand(num_envs, *specs.batch_shape)
         self.check_actions = check_actions
+        #: opt-in: refuse NaN and infinite observations and rewards after every step and reset (see values.py)
+        self.check_values = False
         self._env_specs = specs  # one env's, unbatched: a restart must build envs with the same
         root_objects, next_objects = specs.non_tensor_keys()
         #: non-tensor entries (strings, objects): not in the buffers; each env's last values are kept here
@@ -174,6 +177,8 @@ class BatchedEnv(EnvBase):
         self._after_step(mask)
 
     def _after_step(self, mask: np.ndarray | None) -> None:
+        if self.check_values:
+            self._check_finite("step()")
         if self._done_leaves is not None:
             np.logical_or.reduce([leaf.any(1) for leaf in self._done_leaves], out=self._next_done)
         if mask is None:
@@ -236,7 +241,13 @@ class BatchedEnv(EnvBase):
             if to_reset.any():
                 self._keep_objects(self._run_reset(to_reset))
             self._pending_reset[mask] = False
+        if self.check_values:
+            self._check_finite("reset()")
         return self._with_objects(self._copy_root(), "root")
+
+    def _check_finite(self, call: str) -> None:
+        """``check_values``: a ``ValueError`` naming the env and key of a NaN or infinite value in the buffers."""
+        check_finite(self._next.exclude(*self.done_keys) if call == "step()" else self._root, self.owner, call)
 
     def _keep_objects(self, objects: list | None) -> None:
         """Keep the non-tensor entries an env step or reset returned (see :meth:`_run_step`)."""

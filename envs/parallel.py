@@ -60,6 +60,9 @@ class ParallelEnv(BatchedEnv):
             The global start method is never read nor changed.
         timeout: seconds a worker may take for one command before :class:`~tdcollect.envs.errors.WorkerTimeoutError`.
         check_actions: check actions against ``action_spec`` (values too) before sending them.
+        check_values: opt-in (default False): after every step and reset, a NaN or infinite observation or
+            reward is a ``ValueError`` naming the env and the key (``check_env_specs`` for a training run).
+            Always checked, whatever this says: shapes, ``None``, and values that the buffer's dtype cannot hold.
         max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
             (opt-in; default 0). Its envs come back reset; in the step that failed they are marked
             ``truncated`` (and ``done``) with the reset observation as ``("next", obs)`` and reward 0; the other
@@ -96,6 +99,7 @@ class ParallelEnv(BatchedEnv):
         mp_start_method: str | None = None,
         timeout: float = 120.0,
         check_actions: bool = True,
+        check_values: bool = False,
         max_restarts: int = 0,
         spin_s: float | None = None,
         device=None,
@@ -138,6 +142,7 @@ class ParallelEnv(BatchedEnv):
         except BaseException:
             self._shutdown()
             raise
+        self.check_values = bool(check_values)
 
     def _start_pool(self) -> None:
         """Start the workers with the current constructors and kwargs (see ``update_kwargs``); the handshake

@@ -46,7 +46,7 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         timeout: seconds a worker may take for one command before the env is shut down (``WorkerTimeoutError``).
         max_restarts: replace dead or failing workers up to this many times in all (their envs come back reset
             and report ``done`` with ``TimeLimit.truncated``); default 0: a dead worker is one ``WorkerDiedError``.
-        spin_s: see ``ParallelEnv``.
+        spin_s, check_values: see ``ParallelEnv``.
 
     ``step_wait()`` returns ``(obs, rewards float32 [n], dones bool [n], infos)``: ``obs`` the observation to act
     on (the reset one where an env ended), ``infos[i]`` the env's own info plus ``"TimeLimit.truncated"`` and,
@@ -56,12 +56,12 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], start_method: str | None = None, *,
                  envs_per_worker: int | None = None, num_workers: int | None = None, timeout: float = 120.0,
-                 max_restarts: int = 0, spin_s: float | None = None):
+                 max_restarts: int = 0, spin_s: float | None = None, check_values: bool = False):
         self.waiting = False
         self.closed = False
         self._core = EngineCore(env_fns, owner=type(self).__name__, mode=SAME_STEP, num_workers=num_workers,
                                 envs_per_worker=envs_per_worker, start_method=start_method, timeout=timeout,
-                                max_restarts=max_restarts, spin_s=spin_s, patch=patch_env)
+                                max_restarts=max_restarts, spin_s=spin_s, patch=patch_env, check_values=check_values)
         try:
             first = self._core.spaces[0]
             super().__init__(self._core.num_envs, first["observation_space"], first["action_space"])

@@ -26,7 +26,7 @@ class SerialEnv(BatchedEnv):
         create_env_kwargs: keyword arguments for the constructor(s): a dict or a list of dicts.
         owner: the name error messages give this env (default ``"SerialEnv"``; a collector that wraps your
             env in a SerialEnv gives its own name).
-        check_actions: as for :class:`~tdcollect.envs.ParallelEnv`.
+        check_actions, check_values: as for :class:`~tdcollect.envs.ParallelEnv`.
         device, torchrl_options: TorchRL's batched-env arguments, accepted as ``ParallelEnv`` accepts them.
 
     Its data equals a :class:`~tdcollect.envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
@@ -40,6 +40,7 @@ class SerialEnv(BatchedEnv):
         *,
         owner: str | None = None,
         check_actions: bool = True,
+        check_values: bool = False,
         device=None,
         **torchrl_options,
     ):
@@ -52,6 +53,7 @@ class SerialEnv(BatchedEnv):
         buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
         self._group.bind(buffers)
         super().__init__(self._group.specs, num_envs, buffers, check_actions=check_actions, owner=owner)
+        self.check_values = bool(check_values)
 
     def _start_again(self):
         group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner=self.owner)

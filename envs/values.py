@@ -102,9 +102,9 @@ def value_error(env: int | str, call: str, key, bad: BadValue, hint: str) -> Val
 
 
 # ----------------------------------------------------------------- opt-in: finite values
-def check_finite(td: TensorDictBase, owner: str, what: str, first_env: int = 0) -> None:
-    """Raise a ``ValueError`` naming the first env (row of ``td``'s first batch dim, plus ``first_env``) and key
-    whose float entry holds NaN or an infinity. ``what``: the values checked, for the message (e.g. "step()")."""
+def check_finite(td: TensorDictBase, owner: str, what: str, env_ids: list | None = None) -> None:
+    """Raise a ``ValueError`` naming the first env (row of ``td``'s first batch dim, or ``env_ids[row]``) and
+    key whose float entry holds NaN or an infinity. ``what``: the call that returned the values (``"step()"``)."""
     for key, leaf in td.items(True, True):
         if not isinstance(leaf, torch.Tensor) or not leaf.is_floating_point():
             continue
@@ -114,8 +114,9 @@ def check_finite(td: TensorDictBase, owner: str, what: str, first_env: int = 0) 
         row = int(torch.nonzero(~finite.reshape(finite.shape[0], -1).all(-1))[0, 0])
         bad = leaf[row][~finite[row]].flatten()[0].item()
         name = key if isinstance(key, str) else tuple(key)
+        env = row if env_ids is None else env_ids[row]
         raise ValueError(
-            f"{owner}: env {row + first_env}: {what} returned {name!r} holding {bad} (check_values=True refuses "
+            f"{owner}: env {env}: {what} returned {name!r} holding {bad} (check_values=True refuses "
             "NaN and infinite values). Find where the env produces it (e.g. a division by zero, a diverging "
             "simulation), or pass check_values=False to let such values through."
         )

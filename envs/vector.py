@@ -65,7 +65,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         timeout: seconds a worker may take for one command before the env is shut down (``WorkerTimeoutError``).
         max_restarts: replace dead or failing workers up to this many times in all (their envs come back reset,
             marked truncated); default 0: a dead worker is one ``WorkerDiedError``.
-        spin_s: see ``ParallelEnv``.
+        spin_s, check_values: see ``ParallelEnv`` (``check_values=True``: NaN or infinite observations and rewards
+            are a ``ValueError`` naming the env).
 
     Shapes: observations ``[num_envs, *single shape]`` (dicts / tuples of them for Dict / Tuple spaces); rewards
     float64 ``[num_envs]``; terminations, truncations bool ``[num_envs]``; infos a dict of ``[num_envs]`` arrays,
@@ -90,6 +91,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         timeout: float = 120.0,
         max_restarts: int = 0,
         spin_s: float | None = None,
+        check_values: bool = False,
     ):
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         if not (observation_mode in ("same", "different") or (
@@ -106,7 +108,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         self._mode = _MODES[self.autoreset_mode]
         self._core = EngineCore(env_fns, owner=type(self).__name__, mode=self._mode, num_workers=num_workers,
                                 envs_per_worker=envs_per_worker, start_method=context, timeout=timeout,
-                                max_restarts=max_restarts, spin_s=spin_s, raw_final=self._mode == SAME_STEP)
+                                max_restarts=max_restarts, spin_s=spin_s, raw_final=self._mode == SAME_STEP,
+                                check_values=check_values)
         try:
             self._set_spaces(self._core.spaces)
         except BaseException:

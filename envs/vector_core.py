@@ -140,7 +140,7 @@ class EngineCore:
     def __init__(self, env_fns: Sequence[Callable], *, owner: str, mode: str, num_workers: int | None = None,
                  envs_per_worker: int | None = None, start_method: str | None = None, timeout: float = 120.0,
                  max_restarts: int = 0, spin_s: float | None = None, raw_final: bool = False,
-                 patch: Callable | None = None):
+                 patch: Callable | None = None, check_values: bool = False):
         if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence) or not env_fns:
             raise TypeError(f"{owner} takes a non-empty list of env constructors, one per env, got {env_fns!r}.")
         fns = list(env_fns)
@@ -156,7 +156,8 @@ class EngineCore:
         try:
             self.engine = engine_class(owner)(
                 workers, factories, envs_per_worker=k, mp_start_method=check_start_method(start_method, owner),
-                timeout=timeout, check_actions=False, max_restarts=max_restarts, spin_s=spin_s)
+                timeout=timeout, check_actions=False, check_values=check_values, max_restarts=max_restarts,
+                spin_s=spin_s)
         except EnvWorkerError as err:
             self.mailbox.release()
             raise worker_exception(err, None) from None

@@ -52,6 +52,7 @@ class WorkerView(ParallelEnv):
         BatchedEnv.__init__(self, parent._env_specs, len(rows), buffers, check_actions=parent.check_actions,
                             owner=f"{parent.owner}[workers {list(workers)}]")
         self.__dict__["parent"] = parent  # held, not registered as a submodule (its state is not the view's)
+        self.check_values = parent.check_values
         self.workers, self._rows = list(workers), rows
         self.num_workers, self.envs_per_worker = len(workers), k
         self._copy_rows()

@@ -37,7 +37,7 @@ def run(face: str, factory, steps: int = 3, **kwargs) -> None:
             owner.rollout(steps, break_when_any_done=False)
         elif face == "async":
             owner.async_reset()
-            for _ in range(steps):
+            for _ in range(steps * owner.num_workers):  # one worker's envs a time: each gets ``steps`` steps
                 td = owner.recv()
                 td.update(owner.full_action_spec[: td.shape[0]].rand())
                 owner.send(td)

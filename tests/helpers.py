@@ -253,3 +253,11 @@ class SlowEnv(CountingEnv):
     def step(self, action):
         time.sleep(self.delay)
         return super().step(action)
+
+
+class BoundedObsEnv(CountingEnv):
+    """CountingEnv whose observation space is bounded by ``high`` (envs that differ only in their bounds)."""
+
+    def __init__(self, high: float = 100.0):
+        super().__init__(episode_len=100)
+        self.observation_space = spaces.Box(-high, high, (3,), np.float32)

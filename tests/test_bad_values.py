@@ -170,3 +170,37 @@ def test_dm_env_none_reward_after_the_first_step_is_an_error():
     env = SerialEnv(1, functools.partial(_ReshapingEngine, (1, 3, 2), 2.0))  # only dims of size 1 differ
     assert (env.rollout(2)["next", "reward"] == 2).all()
     env.close()
+
+
+class NanEnv(ValueEnv):
+    """float32 observations; env 1 (the second built in a process, or the only one when ``every``) returns
+    NaN in its observation (``what="observation"``) or an infinite reward from step 2 on."""
+
+    def __init__(self, what="observation"):
+        super().__init__(np.float32, np.zeros(2, np.float32))
+        self.what, self.steps = what, 0
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward = np.zeros(2, np.float32), 0.0
+        if self.steps >= 2:
+            if self.what == "observation":
+                obs[1] = np.nan
+            else:
+                reward = float("inf")
+        return obs, reward, False, False, {}
+
+
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("what", ["observation", "reward"])
+def test_check_values_refuses_nan_and_inf_on_every_face(face, what, no_leaks):
+    factory = functools.partial(NanEnv, what)
+    run(face, factory, steps=3)  # off by default: the values pass
+    message = _error_with(face, factory, check_values=True)
+    assert re.search(rf"env [01]: step\(\) returned '{what}' holding (nan|inf).*check_values=True", message), message
+
+
+def _error_with(face, factory, **kwargs) -> str:
+    with pytest.raises((ValueError, EnvWorkerError)) as info:
+        run(face, factory, steps=3, **kwargs)
+    return str(info.value)
