@@ -16,8 +16,10 @@ observation, reward, done flags; after a reset: the reset observation, reward 0,
 (int64, the envs' indices in ``range(num_envs)``, whole workers in the order they finished). ``send(td)``
 takes back exactly such a batch (``"env_ids"`` plus the action keys). While workers are in flight, the
 synchronous ``EnvBase`` API (``step``, ``reset``, ``rollout``, ``set_seed``) raises; ``recv`` the rest first.
-Worker failures raise from ``recv`` as in ``ParallelEnv`` (a dead or hung worker closes the env); there is no
-automatic restart in asynchronous mode.
+Worker failures raise from ``recv`` as in ``ParallelEnv`` (a dead or hung worker closes the env), unless
+``max_restarts`` allows replacing the worker: then its envs are reset and a later ``recv`` returns them with
+``("next", "truncated")`` and ``("next", "done")`` True and reward 0 (the step that failed is lost), while the
+other workers' results are kept.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class AsyncParallelEnv(ParallelEnv):
 
     Args:
         batch_workers: how many workers' envs one ``recv()`` returns (``1 <= batch_workers <= num_workers``).
-        Every other argument as in :class:`ParallelEnv` (``max_restarts`` applies to the synchronous API only).
+        Every other argument as in :class:`ParallelEnv` (``max_restarts`` covers both APIs).
     """
 
     def __init__(self, num_workers: int, create_env_fn, create_env_kwargs=None, *, batch_workers: int, **kwargs):
@@ -67,6 +69,7 @@ class AsyncParallelEnv(ParallelEnv):
         self._in_flight: list[int] = []  # workers sent a command, not yet received
         self._received: set[int] = set()  # workers received and not yet sent
         self._last_command = [RESET] * self.num_workers
+        self._restarted: set[int] = set()  # workers replaced while in flight: their next recv is marked truncated
         # (key, array, tensor dtype) for the root and "next"
         self._root_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.root_buffer.items(True, True)]
         self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.next_buffer.items(True, True)]
@@ -98,21 +101,49 @@ class AsyncParallelEnv(ParallelEnv):
                 "async_reset() first, and send() back every batch recv() returned."
             )
         code = STEP if any(self._last_command[w] == STEP for w in self._in_flight) else RESET
-        try:
-            workers = self._pool.wait_any(self.batch_workers, self._in_flight, code)
-        except WorkerError as err:
-            for w in {*failures_of(err), *getattr(err, "finished", [])}:  # no longer in flight; results dropped
-                if w in self._in_flight:
-                    self._in_flight.remove(w)
-            self._close_if_fatal(err)
-            raise
-        except KeyboardInterrupt:
-            self.close()
-            raise
+        workers: list[int] = []
+        while len(workers) < self.batch_workers:
+            waiting = [w for w in self._in_flight if w not in workers]
+            try:
+                workers += self._pool.wait_any(self.batch_workers - len(workers), waiting, code)
+            except WorkerError as err:
+                failed = failures_of(err)
+                workers += [w for w in getattr(err, "finished", []) if w not in failed]  # done and well
+                self._in_flight = [w for w in self._in_flight if w not in failed]
+                try:
+                    self._restart_in_flight(err)
+                except BaseException:  # no longer in flight: the results of the workers done are dropped
+                    self._in_flight = [w for w in self._in_flight if w not in workers]
+                    raise
+            except KeyboardInterrupt:
+                self.close()
+                raise
         for w in workers:
             self._in_flight.remove(w)
             self._received.add(w)
         return self._gather(workers)
+
+    def _restart_in_flight(self, err: WorkerError) -> None:
+        """Replace the workers behind ``err`` while ``max_restarts`` allows and start resetting them (in flight
+        again: a later ``recv`` returns their envs' reset state marked ``truncated``); else close the env when a
+        worker died or hung, and raise ``err``. A replacement failing in its start-up uses the same budget."""
+        while True:
+            try:
+                workers = None if self.is_closed else self._pool.replace_failed(err, self.max_restarts)
+            except WorkerError as again:
+                err = again
+                continue
+            except BaseException:
+                self.close()
+                raise
+            if workers is None:
+                self._close_if_fatal(err)
+                raise err
+            rows = self._reset_mask.reshape(self.num_workers, -1)
+            rows[workers] = True
+            self._start(RESET, workers)
+            self._restarted.update(workers)
+            return
 
     def send(self, tensordict: TensorDictBase) -> None:
         """Step the envs of a batch :meth:`recv` returned with its action entries; returns at once."""
@@ -144,8 +175,14 @@ class AsyncParallelEnv(ParallelEnv):
         for i, w in enumerate(workers):
             if self._last_command[w] == RESET:  # nothing stepped yet: next = the reset state, reward 0
                 part = slice(i * k, (i + 1) * k)
+                restarted = w in self._restarted  # its step failed: truncated (and done), as ParallelEnv marks it
+                self._restarted.discard(w)
                 for key, array in next_.items():
-                    array[part] = root[key][part] if key in self._observation_keys else 0
+                    if key in self._observation_keys:
+                        array[part] = root[key][part]
+                    else:
+                        name = key if isinstance(key, str) else key[-1]
+                        array[part] = restarted and name in ("done", "truncated")
         source = _nest({key: _tensor(root[key], dtype) for key, _, dtype in self._root_arrays})
         source["next"] = _nest({key: _tensor(next_[key], dtype) for key, _, dtype in self._next_arrays})
         source["env_ids"] = torch.from_numpy(np.concatenate([np.arange(s.start, s.stop) for s in slices]))

@@ -6,12 +6,15 @@ import threading
 import time
 import warnings
 
+import numpy as np
 import psutil
 import pytest
 import torch
 
 from tdcollect.collectors import MultiSyncCollector
-from tdcollect.envs import ParallelEnv
+from tdcollect.envs import AsyncParallelEnv, ParallelEnv
+from tdcollect.envs.vector import ParallelVecEnv, ParallelVectorEnv
+from tests.conftest import live_children
 from tests.helpers import CountingEnv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -20,17 +23,19 @@ DURATION_S, PERIOD_S, BUDGET = 12.0, 0.5, 50  # ~24 kills per test (CI time budg
 
 
 class Killer(threading.Thread):
-    """SIGKILLs one random live worker of ``owner`` every ``PERIOD_S`` for ``DURATION_S`` (or until stopped)."""
+    """SIGKILLs one random live worker of ``owner`` every ``PERIOD_S`` for ``DURATION_S`` (or until stopped);
+    ``pids``: where to pick (default: ``owner.worker_pids``)."""
 
-    def __init__(self, owner):
+    def __init__(self, owner, pids=None):
         super().__init__(daemon=True)
         self.owner, self.kills, self._stop_event = owner, 0, threading.Event()
+        self.pids = pids or (lambda: self.owner.worker_pids)
 
     def run(self):
         rng = random.Random(0)
         deadline = time.monotonic() + DURATION_S
         while not self._stop_event.wait(PERIOD_S) and time.monotonic() < deadline:
-            pids = self.owner.worker_pids
+            pids = self.pids()
             if pids:
                 try:
                     psutil.Process(rng.choice(pids)).kill()
@@ -102,4 +107,119 @@ def test_collector_survives_a_kill_every_half_second(method, no_leaks):
             last = not killer.is_alive()  # one more batch after the last kill
         assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
         assert killer.kills - 2 <= sum(collector.restarts) <= killer.kills, (collector.restarts, killer.kills)
+    assert batches > 2
+
+
+def test_async_env_survives_a_kill_every_half_second(no_leaks):
+    """First-finished-first-served stepping: each env counts on from its own last observation with the action
+    it was sent, or (its worker was replaced) comes back reset, marked truncated, with reward 0."""
+    env = AsyncParallelEnv(4, lambda: CountingEnv(episode_len=10_000), envs_per_worker=2, batch_workers=2,
+                           max_restarts=BUDGET)
+    killer = Killer(env)
+    last: dict[int, tuple] = {}  # env id -> (count it was at, action sent)
+    steps = restarted = 0
+    with env, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        env.async_reset()
+        killer.start()
+        done_after_kills = 0
+        while done_after_kills < 4:  # a few batches after the last kill: every dead worker is noticed
+            done_after_kills += not killer.is_alive()
+            td = env.recv()
+            nxt, truncated = td["next", "observation"], td["next", "truncated"].squeeze(-1)
+            for row, i in enumerate(td["env_ids"].tolist()):
+                if i in last and not truncated[row]:
+                    count, action = last[i]
+                    assert nxt[row, 0] == count + 1 and nxt[row, 1] == action, (i, last[i], nxt[row])
+                elif i in last:  # replaced mid-step: the reset state, reward 0
+                    assert nxt[row, 0] == 0 and td["next", "reward"][row] == 0 and td["next", "done"][row]
+                    restarted += 1
+                else:
+                    assert nxt[row, 0] == 0
+            td["action"] = torch.randint(0, 3, (td.shape[0],))
+            for row, i in enumerate(td["env_ids"].tolist()):
+                last[i] = (int(td["observation"][row, 0]), int(td["action"][row]))
+            env.send(td)
+            steps += 1
+        env.recv()  # the rest in flight, before close
+        assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
+        assert killer.kills - 2 <= sum(env.restarts) <= killer.kills, (env.restarts, killer.kills)
+        assert restarted >= 1
+    assert steps > 20
+
+
+@pytest.mark.parametrize("face", ["vector", "sb3"])
+def test_vector_facades_survive_a_kill_every_half_second(face, no_leaks):
+    """gymnasium's (next-step autoreset) and SB3's (same-step) faces: every env counts on by one per step with
+    the action it was given, or ends (a replaced worker's envs report truncated) and starts again from 0."""
+    fns = [lambda: CountingEnv(episode_len=10_000)] * 8
+    cls = ParallelVectorEnv if face == "vector" else ParallelVecEnv
+    env = cls(fns, envs_per_worker=2, max_restarts=BUDGET)
+    killer = Killer(env)
+    steps = ended = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        obs = env.reset()[0] if face == "vector" else env.reset()
+        was_done = np.zeros(8, bool)
+        killer.start()
+        last = False
+        try:
+            while not last:
+                last = not killer.is_alive()
+                action = np.random.randint(0, 3, 8)
+                if face == "vector":
+                    new, reward, terminated, truncated, _ = env.step(action)
+                    done = terminated | truncated
+                    reset_step = was_done  # next-step autoreset: this step only reset those envs
+                    assert (new[reset_step, 0] == 0).all() and (reward[reset_step] == 0).all()
+                    go_on = ~reset_step & ~done
+                    assert (new[go_on, 0] == obs[go_on, 0] + 1).all() and (new[go_on, 1] == action[go_on]).all()
+                    assert (new[done, 0] == 0).all() and truncated[done].all()  # a replaced worker's envs
+                    was_done = done
+                else:
+                    new, reward, done, infos = env.step(action)
+                    assert (new[~done, 0] == obs[~done, 0] + 1).all() and (new[~done, 1] == action[~done]).all()
+                    assert (new[done, 0] == 0).all()  # same-step autoreset: the reset observation
+                    assert all(infos[i]["TimeLimit.truncated"] for i in np.flatnonzero(done))
+                ended += int(done.sum())
+                obs = new
+                steps += 1
+            assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
+            assert killer.kills - 2 <= sum(env.restarts) <= killer.kills, (env.restarts, killer.kills)
+            assert ended >= 1
+        finally:
+            killer.stop()
+            env.close()
+    assert steps > 20
+
+
+def _descendants() -> list[int]:
+    """Every process below this one but multiprocessing's helpers: collector workers and their env workers."""
+    return [p.pid for p in live_children()]
+
+
+def _nested_counting():
+    return ParallelEnv(2, lambda: CountingEnv(episode_len=25), max_restarts=BUDGET)
+
+
+def test_nested_parallel_env_in_a_collector_survives_kills_at_both_levels(no_leaks):
+    """A MultiSyncCollector whose workers step a ParallelEnv each: kills land on collector workers and on their
+    env workers; batches stay full and every step counts on or ends."""
+    collector = MultiSyncCollector([_nested_counting] * 2, frames_per_batch=80, max_restarts=BUDGET)
+    killer = Killer(collector, _descendants)
+    batches, last = 0, False
+    with collector, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        killer.start()
+        for batch in collector:
+            assert batch.batch_size == (4, 20)
+            obs, nxt = batch["observation"], batch["next", "observation"]
+            done = batch["next", "done"].squeeze(-1)
+            assert ((nxt[..., 0] == obs[..., 0] + 1) | done).all()
+            assert (obs[:, 1:, 0][~done[:, :-1]] == nxt[:, :-1, 0][~done[:, :-1]]).all()
+            batches += 1
+            if last:
+                break
+            last = not killer.is_alive()
+        assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
     assert batches > 2
