@@ -64,6 +64,8 @@ class Recycler:
 
     def stack(self, tensordicts: list[TensorDictBase], dim: int) -> TensorDictBase:
         """``torch.stack(tensordicts, dim)`` (``dim`` >= 0, within the batch dims) into recycled memory."""
+        if _tracks_grad(tensordicts):  # out= cannot carry a graph: a rollout of a policy that requires grad
+            return torch.stack(tensordicts, dim)
         first = tensordicts[0]
         batch = list(first.batch_size)
         batch.insert(dim, len(tensordicts))
@@ -71,6 +73,8 @@ class Recycler:
 
     def cat(self, tensordicts: list[TensorDictBase], dim: int) -> TensorDictBase:
         """``torch.cat(tensordicts, dim)`` (``dim`` >= 0, within the batch dims) into recycled memory."""
+        if _tracks_grad(tensordicts):
+            return torch.cat(tensordicts, dim)
         first = tensordicts[0]
         batch = list(first.batch_size)
         batch[dim] = sum(td.batch_size[dim] for td in tensordicts)
@@ -106,3 +110,12 @@ class Recycler:
             buffers.pop(0)
             if not buffers:
                 del self._buffers[nbytes]
+
+
+def _tracks_grad(tensordicts: list[TensorDictBase]) -> bool:
+    """True when autograd records and a leaf of the first or last tensordict requires grad (their result must then
+    carry the graph, which ``out=`` storage cannot)."""
+    if not torch.is_grad_enabled():
+        return False
+    ends = (tensordicts[0], tensordicts[-1])
+    return any(getattr(leaf, "requires_grad", False) for td in ends for leaf in td.values(True, True))
