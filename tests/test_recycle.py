@@ -113,6 +113,31 @@ def test_a_held_rollout_is_never_overwritten_and_a_dropped_one_is_reused(policy)
         env.close()
 
 
+@pytest.mark.parametrize("kind", ["serial", "parallel"])
+def test_a_rollout_of_a_policy_that_requires_grad_carries_the_graph(kind, no_leaks):
+    """As TorchRL's rollout: without torch.no_grad(), the actions keep their graph (recycled out= storage
+    cannot hold one, so such rollouts are stacked into new memory)."""
+    from tensordict.nn import TensorDictModule
+
+    env = (SerialEnv if kind == "serial" else ParallelEnv)(2, FrameCountingEnv)
+    net = torch.nn.Linear(1, 1)
+    policy = TensorDictModule(lambda obs: net(obs[..., :1, 0, 0].float()), ["observation"], ["score"])
+
+    def act(td):
+        policy(td)
+        return td.set("action", torch.zeros(td.shape, dtype=torch.int64))
+
+    try:
+        rollout = env.rollout(5, act, break_when_any_done=False)
+        assert rollout["score"].requires_grad and rollout["score"].shape == (2, 5, 1)
+        rollout["score"].sum().backward()
+        assert net.weight.grad is not None and net.weight.grad.abs().sum() > 0
+        with torch.no_grad():  # without grad the recycled path is taken again
+            assert not env.rollout(5, act, break_when_any_done=False)["score"].requires_grad
+    finally:
+        env.close()
+
+
 @pytest.fixture
 def two_frame_envs():
     env = SerialEnv(2, FrameCountingEnv)
