@@ -31,6 +31,17 @@ import torch
 from gymnasium import spaces
 from torchrl.envs import EnvBase
 
+from .gym_io import (
+    SCALAR_GUARD,
+    SCALARS,
+    Mismatch,
+    action_reader,
+    check_scalars,
+    gym_value_hint,
+    observation_writer,
+    shape_error,
+    shape_of,
+)
 from .shared import BufferViews, EnvSpecs, key_tuple
 from .specs import (
     DONE_KEYS,
@@ -69,9 +80,9 @@ class GymStepper:
             reward=reward_spec(),
             done=done_spec(),
         )
-        self._write_obs = _observation_writer(env.observation_space)
-        self._write_obs_unchecked = _observation_writer(env.observation_space, check=False)
-        self._read_action = _action_reader(env.action_space)
+        self._write_obs = observation_writer(env.observation_space)
+        self._write_obs_unchecked = observation_writer(env.observation_space, check=False)
+        self._read_action = action_reader(env.action_space)
 
     def bind(self, views: BufferViews, index: int) -> None:
         self._i = index
@@ -86,7 +97,7 @@ class GymStepper:
         obs, _ = self.env.reset(seed=seed)
         try:
             self._write_obs(obs, self._root, self._i)
-        except (_Mismatch, BadValue) as bad:
+        except (Mismatch, BadValue) as bad:
             raise self._error(bad, "reset()") from None
 
     def step(self) -> None:
@@ -94,9 +105,9 @@ class GymStepper:
         obs, reward, terminated, truncated, _ = self.env.step(self._read_action(self._action, i))
         try:
             self._write_obs(obs, self._next, i)
-            if type(reward) not in _SCALARS or type(terminated) not in _SCALARS or type(truncated) not in _SCALARS:
-                _check_scalars(reward=reward, terminated=terminated, truncated=truncated)
-        except (_Mismatch, BadValue) as bad:
+            if type(reward) not in SCALARS or type(terminated) not in SCALARS or type(truncated) not in SCALARS:
+                check_scalars(reward=reward, terminated=terminated, truncated=truncated)
+        except (Mismatch, BadValue) as bad:
             raise self._error(bad, "step()") from None
         done_flag, terminated_flag, truncated_flag = self._flags
         self._reward[i, 0] = reward
@@ -108,12 +119,12 @@ class GymStepper:
             obs, _ = self.env.reset()
             try:
                 self._write_obs(obs, self._root, i)
-            except (_Mismatch, BadValue) as bad:
+            except (Mismatch, BadValue) as bad:
                 raise self._error(bad, "reset()") from None
         else:
             self._write_obs_unchecked(obs, self._root, i)  # checked above
 
-    def _error(self, bad: _Mismatch | BadValue, call: str) -> ValueError:
+    def _error(self, bad: Mismatch | BadValue, call: str) -> ValueError:
         if isinstance(bad, BadValue):
             return value_error(self._env_index, call, bad.key, bad, gym_value_hint(bad.key))
         return shape_error(self._env_index, call, bad.key, bad.expected, bad.received, family="gym")
@@ -145,7 +156,7 @@ class GymBlockStepper:
 
     def step(self) -> None:
         observations, rewards, terminated, truncated = [], [], [], []
-        shape, scalars, exact, safe = self._obs_shape, _SCALARS, True, self._obs_guard.safe
+        shape, scalars, exact, safe = self._obs_shape, SCALARS, True, self._obs_guard.safe
         for env, action in zip(self.envs, self._read_actions()):
             obs, reward, term, trunc, _ = env.step(action)
             if exact and (getattr(obs, "shape", None) != shape or type(reward) not in scalars
@@ -166,9 +177,9 @@ class GymBlockStepper:
         if self._done.any():
             for i in np.flatnonzero(self._done).tolist():
                 obs, _ = self.envs[i].reset()
-                if _shape_of(obs) != self._obs_shape:
+                if shape_of(obs) != self._obs_shape:
                     raise shape_error(self._first + i, "reset()", "observation", self._obs_shape,
-                                      _shape_of(obs), family="gym")
+                                      shape_of(obs), family="gym")
                 self._guarded(self._obs_guard, obs, i, "reset()", "observation")
                 self._root_obs[i] = obs
 
@@ -179,11 +190,11 @@ class GymBlockStepper:
                                       ("terminated", terminated, ()), ("truncated", truncated, ())):
             for j, value in enumerate(values):
                 if value is None:
-                    self._guarded(_SCALAR_GUARD, value, j, "step()", key)
-                received = _shape_of(value)
+                    self._guarded(SCALAR_GUARD, value, j, "step()", key)
+                received = shape_of(value)
                 if received != expected:
                     raise shape_error(self._first + j, "step()", key, expected, received, family="gym")
-                self._guarded(self._obs_guard if key == "observation" else _SCALAR_GUARD, value, j, "step()", key)
+                self._guarded(self._obs_guard if key == "observation" else SCALAR_GUARD, value, j, "step()", key)
 
     def _guarded(self, guard: Guard, value, j: int, call: str, key: str) -> None:
         try:
@@ -214,177 +225,6 @@ def _block_action_reader(space: spaces.Space, array: np.ndarray):
         return lambda: [int(a) + start for a in array.tolist()]
     dtype = space.dtype
     return lambda: list(np.array(array, dtype=dtype))  # a copy: an env may keep its action
-
-
-# ----------------------------------------------------------------- shape checks
-#: types whose values are always scalars (shape ``()``): the per-step check of rewards and flags skips them.
-_SCALARS = frozenset({float, int, bool, np.float32, np.float64, np.bool_, np.int32, np.int64})
-
-
-class _Mismatch(Exception):
-    """Raised by a writer: the value for ``key`` has shape ``received`` where ``expected`` is declared."""
-
-    def __init__(self, key, expected: tuple, received):
-        super().__init__(key, expected, received)
-        self.key, self.expected, self.received = key, expected, received
-
-
-def _shape_of(value):
-    """The shape of an env's value (``()`` for a Python or numpy scalar); None if it has none (a ragged
-    list, an object numpy cannot read as an array)."""
-    shape = getattr(value, "shape", None)
-    if type(shape) is tuple:
-        return shape
-    if shape is not None:
-        return tuple(shape)  # e.g. a torch.Size
-    try:
-        return np.shape(value)
-    except ValueError:
-        return None
-
-
-def _check_scalars(**values) -> None:
-    """Raise :class:`_Mismatch` for the first value that is not a scalar (shape ``()``), :class:`BadValue` (with
-    its ``key``) for one that is not a number (None, a string)."""
-    for key, value in values.items():
-        try:
-            _SCALAR_GUARD(value)
-        except BadValue as bad:
-            bad.key = key
-            raise
-        received = _shape_of(value)
-        if received != ():
-            raise _Mismatch(key, (), received)
-
-
-#: rewards and done flags: any real number (a bool buffer's flags are truth values, as gymnasium reads them)
-_SCALAR_GUARD = Guard(np.float64)
-
-
-def gym_value_hint(key) -> str:
-    """How to fix a gymnasium env's value that :class:`~.values.Guard` refused."""
-    if key in _FLAGS:
-        return f"return {key} as a Python or numpy number"
-    return ("return values that the dtype of the env's observation_space holds, or declare a dtype that holds "
-            "them")
-
-
-_FLAGS = ("reward", "terminated", "truncated")
-
-
-def shape_error(env: int | str, call: str, key, expected: tuple, received, family: str) -> ValueError:
-    """The ``ValueError`` for a value of the wrong shape, naming the env index, the key, both shapes and the
-    fix. ``family``: ``"gym"`` or ``"torchrl"``; ``received``: a shape, or None for a value without one (a
-    ragged list)."""
-    got = "a value with no single shape" if received is None else f"shape {tuple(received)}"
-    if family == "gym" and key in _FLAGS:
-        what, declared = repr(key), "a gymnasium env must return a scalar, shape ()"
-        hint = f"return {key} as a Python or numpy scalar"
-    elif family == "gym":
-        what, declared = f"observation {key!r}", f"the env's observation_space declares shape {tuple(expected)}"
-        hint = ("make reset() and step() return exactly the shape its observation_space declares (or declare "
-                "the shape they return in observation_space)")
-    else:
-        what, declared = repr(key), f"the env's specs declare shape {tuple(expected)}"
-        hint = ("make _reset() and _step() return tensors of exactly the shapes its specs declare "
-                "(full_observation_spec, full_reward_spec, full_done_spec), or declare the shapes they return")
-    return ValueError(
-        f"env {env}: {call} returned {what} with {got}, but {declared}. Values are never broadcast into the "
-        f"batched env's buffers: {hint}."
-    )
-
-
-def _observation_writer(space: spaces.Space, check: bool = True):
-    """``write(obs, tree, i)`` for a full observation (Dict/Tuple at the top level, else ``"observation"``).
-
-    ``check``: raise :class:`_Mismatch` (before writing that leaf) when a leaf's shape is not the one its
-    space declares (which is its buffer row's shape)."""
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        return _leaf_writer(space, (), check)
-    write_leaf = _leaf_writer(space, ("observation",), check)
-
-    def write(obs, tree, i):
-        write_leaf(obs, tree["observation"], i)
-
-    return write
-
-
-def _leaf_writer(space: spaces.Space, key: tuple, check: bool):
-    if isinstance(space, spaces.Dict):
-        writers = {name: _leaf_writer(sub, (*key, name), check) for name, sub in space.spaces.items()}
-
-        def write_dict(obs, node, i):
-            for name, write in writers.items():
-                write(obs[name], node[name], i)
-
-        return write_dict
-    if isinstance(space, spaces.Tuple):
-        writers = [(str(j), _leaf_writer(sub, (*key, str(j)), check)) for j, sub in enumerate(space.spaces)]
-
-        def write_tuple(obs, node, i):
-            for j, (name, write) in enumerate(writers):
-                write(obs[j], node[name], i)
-
-        return write_tuple
-    name = key[0] if len(key) == 1 else key
-    shape = tuple(space.shape)  # the leaf's row shape in the buffers (see specs.space_to_spec)
-
-    categorical = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete))
-    guard = Guard(np.int64 if categorical else space.dtype)  # the leaf's buffer dtype (see specs.space_to_spec)
-    safe = guard.safe
-
-    def check_value(value):
-        if value is None or (getattr(value, "shape", None) != shape and _shape_of(value) != shape):
-            if value is not None:
-                raise _Mismatch(name, shape, _shape_of(value))
-        if getattr(value, "dtype", None) not in safe:
-            try:
-                guard.check(value)
-            except BadValue as bad:
-                bad.key = name
-                raise
-
-    start = getattr(space, "start", None)
-    if categorical and np.any(start != 0):
-
-        def write_shifted(value, array, i):
-            if check:
-                check_value(value)
-            array[i] = np.asarray(value) - start
-
-        return write_shifted
-
-    if not check:
-
-        def write_unchecked(value, array, i):
-            array[i] = value
-
-        return write_unchecked
-
-    def write(value, array, i):
-        if getattr(value, "shape", None) != shape or getattr(value, "dtype", None) not in safe:
-            check_value(value)
-        array[i] = value
-
-    return write
-
-
-def _action_reader(space: spaces.Space):
-    """``read(node, i)`` -> the action for env ``i`` in the form ``env.step`` expects."""
-    if isinstance(space, spaces.Dict):
-        readers = {key: _action_reader(sub) for key, sub in space.spaces.items()}
-        return lambda node, i: {key: read(node[key], i) for key, read in readers.items()}
-    if isinstance(space, spaces.Tuple):
-        readers = [(str(j), _action_reader(sub)) for j, sub in enumerate(space.spaces)]
-        return lambda node, i: tuple(read(node[key], i) for key, read in readers)
-    if isinstance(space, spaces.Discrete):
-        start = int(space.start)
-        return lambda array, i: int(array[i]) + start
-    if isinstance(space, spaces.MultiDiscrete):
-        start, dtype = space.start, space.dtype
-        return lambda array, i: (array[i] + start).astype(dtype)
-    dtype = space.dtype
-    return lambda array, i: np.array(array[i], dtype=dtype)
 
 
 class TorchRLStepper:
