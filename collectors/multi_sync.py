@@ -15,7 +15,8 @@ from torchrl.envs.utils import ExplorationType
 
 from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.group import seed_chain
-from tdcollect.envs.pool import WorkerPool, exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.platform_policy import exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.pool import WorkerPool
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.specs import agreed_specs

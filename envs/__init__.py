@@ -13,7 +13,7 @@ from .errors import (
     WorkerTimeoutError,
 )
 from .parallel import ParallelEnv
-from .pool import default_start_method
+from .platform_policy import default_start_method
 from .serial import SerialEnv
 
 __all__ = [

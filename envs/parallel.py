@@ -9,7 +9,8 @@ import torch
 from .batched import BatchedEnv
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .pool import WorkerPool, exit_if_bootstrapping, fits_cores, resolve_start_method
+from .platform_policy import exit_if_bootstrapping, fits_cores, resolve_start_method
+from .pool import WorkerPool
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
 from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
 from .specs import agreed_specs

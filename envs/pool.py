@@ -7,8 +7,8 @@ While it waits, the main process checks every ``poll_s`` that the worker is aliv
 
 Waiting: bounded spin, then block. Waking a process blocked on a semaphore costs more than a cheap step
 on a VM; polling the semaphore answers at once but burns a core. So both sides poll for ``spin_s`` seconds
-before they block, and :func:`default_spin_s` only spins when every worker and the main process can have a
-core of their own; with fewer cores spinning would slow the workers down.
+before they block, and ``platform_policy.default_spin_s`` only spins when every worker and the main process
+can have a core of their own; with fewer cores spinning would slow the workers down.
 """
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ import atexit
 import multiprocessing
 import multiprocessing.resource_sharer
 import multiprocessing.util
-import os
-import sys
 import threading
 import time
 import warnings
@@ -35,6 +33,7 @@ from .errors import (
     WorkerTimeoutError,
     failures_of,
 )
+from .platform_policy import GUARD_MESSAGE, resolve_spin_s
 from .protocol import (
     CALL,
     CLOSE,
@@ -49,21 +48,7 @@ from .protocol import (
 )
 from .shared import in_shared_memory, semaphore
 
-START_METHODS = ("fork", "forkserver", "spawn")
-SPIN_S = 0.001  # how long a side polls before it blocks, when there are cores to spare
 _PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
-
-_GUARD_MESSAGE = """\
-{owner}'s worker processes (start method {method!r}) re-ran the top level of your script, which creates
-the {owner} again. With 'spawn' and 'forkserver', each worker imports the main module, so the code that
-creates envs must sit under a main guard:
-
-    if __name__ == "__main__":
-        env = ParallelEnv(...)
-        ...
-
-Or pass mp_start_method="fork" (Linux, the default there), which does not re-run the script."""
-
 
 #: every pool started and not yet stopped (held strongly: a pool whose owner failed half-way through its own
 #: construction, or was dropped without closing, must still be stopped at exit)
@@ -102,53 +87,6 @@ def _close_unfetched_fds(keys) -> None:
         entries = [sharer._cache.pop(key, None) for key in keys]
     for entry in filter(None, entries):
         entry[1]()  # (send, close)
-
-
-def default_start_method() -> str:
-    """``"fork"`` where the platform has it (fast start, no main guard needed), else ``"spawn"``."""
-    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def fits_cores(num_workers: int) -> bool:
-    """Whether ``num_workers`` workers and the main process can each have a usable core of their own."""
-    return num_workers + 1 <= usable_cores()
-
-
-def default_spin_s(num_workers: int) -> float:
-    """:data:`SPIN_S` when the workers and the main process fit on the usable cores, else 0 (block at once)."""
-    return SPIN_S if fits_cores(num_workers) else 0.0
-
-
-def resolve_spin_s(spin_s: float | None, num_workers: int) -> float:
-    if spin_s is None:
-        return default_spin_s(num_workers)
-    if not isinstance(spin_s, (int, float)) or spin_s < 0:
-        raise ValueError(f"spin_s must be None (automatic) or seconds >= 0, got {spin_s!r}.")
-    return float(spin_s)
-
-
-def exit_if_bootstrapping() -> None:
-    """Called first by every constructor that starts workers: inside a worker that is importing an
-    unguarded main module, leave quietly with MISSING_GUARD_EXIT (the main process explains)."""
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(MISSING_GUARD_EXIT)
-
-
-def resolve_start_method(method: str | None) -> str:
-    method = method or default_start_method()
-    if method not in START_METHODS:
-        raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {method!r}.")
-    return method
 
 
 class Handshake(Protocol):
@@ -443,7 +381,7 @@ class WorkerPool:
         proc = self.procs[w]
         proc.join(1.0)
         if proc.exitcode == MISSING_GUARD_EXIT:
-            return MissingMainGuardError(_GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
+            return MissingMainGuardError(GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
         return WorkerDiedError(w, proc.pid, proc.exitcode, during)
 
     # ----------------------------------------------------------------- closing

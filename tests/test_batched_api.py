@@ -194,7 +194,7 @@ def test_spinning_and_blocking_waits_give_the_same_data(no_leaks):
 
 
 def test_spinning_is_automatic_only_with_a_core_for_every_process(monkeypatch):
-    from tdcollect.envs import pool
+    from tdcollect.envs import platform_policy as pool
 
     monkeypatch.setattr(pool, "usable_cores", lambda: 4)
     assert pool.default_spin_s(3) == pool.SPIN_S

@@ -9,7 +9,7 @@ import torch
 from torchrl.envs.utils import step_mdp
 
 from tdcollect.envs import ParallelEnv, SerialEnv, WorkerDiedError
-from tdcollect.envs.pool import fits_cores
+from tdcollect.envs.platform_policy import fits_cores
 
 from .helpers import CountingEnv, CrashOnceEnv, FrameCountingEnv, cartpole
 

@@ -1,0 +1,72 @@
+"""Platform policy: which start method, how many usable cores, whether to poll before blocking, and what a
+worker does when it finds itself importing an unguarded main module. Every owner of worker processes (the
+envs' and the collectors' pools) asks here."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+from .protocol import MISSING_GUARD_EXIT
+
+START_METHODS = ("fork", "forkserver", "spawn")
+SPIN_S = 0.001  # how long a side polls before it blocks, when there are cores to spare
+
+GUARD_MESSAGE = """\
+{owner}'s worker processes (start method {method!r}) re-ran the top level of your script, which creates
+the {owner} again. With 'spawn' and 'forkserver', each worker imports the main module, so the code that
+creates envs must sit under a main guard:
+
+    if __name__ == "__main__":
+        env = ParallelEnv(...)
+        ...
+
+Or pass mp_start_method="fork" (Linux, the default there), which does not re-run the script."""
+
+
+
+def default_start_method() -> str:
+    """``"fork"`` where the platform has it (fast start, no main guard needed), else ``"spawn"``."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def fits_cores(num_workers: int) -> bool:
+    """Whether ``num_workers`` workers and the main process can each have a usable core of their own."""
+    return num_workers + 1 <= usable_cores()
+
+
+def default_spin_s(num_workers: int) -> float:
+    """:data:`SPIN_S` when the workers and the main process fit on the usable cores, else 0 (block at once)."""
+    return SPIN_S if fits_cores(num_workers) else 0.0
+
+
+def resolve_spin_s(spin_s: float | None, num_workers: int) -> float:
+    if spin_s is None:
+        return default_spin_s(num_workers)
+    if not isinstance(spin_s, (int, float)) or spin_s < 0:
+        raise ValueError(f"spin_s must be None (automatic) or seconds >= 0, got {spin_s!r}.")
+    return float(spin_s)
+
+
+def exit_if_bootstrapping() -> None:
+    """Called first by every constructor that starts workers: inside a worker that is importing an
+    unguarded main module, leave quietly with MISSING_GUARD_EXIT (the main process explains)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(MISSING_GUARD_EXIT)
+
+
+def resolve_start_method(method: str | None) -> str:
+    method = method or default_start_method()
+    if method not in START_METHODS:
+        raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {method!r}.")
+    return method
