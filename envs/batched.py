@@ -16,47 +16,27 @@ covers those envs returns the same observation without resetting them twice.
 """
 from __future__ import annotations
 
-import functools
 import gc
 import threading
 import weakref
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
-from torchrl.data import OneHot
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
+from .actions import checked_actions
 from .factories import update_slot_kwargs
-from .forwarding import EnvAttribute
+from .forwarding import Forwarding
+from .one_thread import one_thread
 from .recycle import Recycler
-from .rollout import policy_rollout, random_rollout
+from .rollout import batched_rollout
 from .shared import EnvSpecs, key_tuple
 from .specs import value_checker
 from .values import check_finite
 
 
-def _one_thread(method):
-    """Refuse a call while another thread is inside a guarded method of the same env: a batched env steps
-    one batch at a time, and two threads would mix their data silently. (Reentrant within one thread.)"""
-    @functools.wraps(method)
-    def guarded(self, *args, **kwargs):
-        lock = self._in_use
-        if not lock.acquire(blocking=False):
-            raise RuntimeError(
-                f"{self.owner}.{method.__name__}() was called while another thread is stepping or resetting this "
-                "env; a batched env steps one batch at a time. Give each thread its own env, or serialize the "
-                "calls with a lock."
-            )
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            lock.release()
-
-    return guarded
-
-
-class BatchedEnv(EnvBase):
+class BatchedEnv(Forwarding, EnvBase):
     """``num_envs`` envs with one set of specs, batch size ``[num_envs, *B]`` (``B``: one env's batch shape,
     ``()`` unless the envs are batched TorchRL envs; see the module docstring). Done flags and resets are per
     element of that batch (``num_envs * prod(B)`` of them, flattened in the masks below)."""
@@ -107,7 +87,7 @@ class BatchedEnv(EnvBase):
             self._next_done = np.zeros(self._elements, dtype=bool)
         # elements that ended in the last step and whose reset observation already sits in the root buffer
         self._pending_reset = np.zeros(self._elements, dtype=bool)
-        self._copy_root, self._copy_next = _copier(self._root, self.recycler), _copier(self._next, self.recycler)
+        self._copy_root, self._copy_next = self.recycler.copier(self._root), self.recycler.copier(self._next)
         replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
         # with only top-level keys, step_and_maybe_reset builds its next root without TensorDict's generic path
         self._flat_keys = all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
@@ -166,7 +146,7 @@ class BatchedEnv(EnvBase):
         ``next_buffer["done"]``; with only nested done keys, any of them)."""
         return self._next_done
 
-    @_one_thread
+    @one_thread
     def step_buffers(self, mask: np.ndarray | None = None) -> None:
         """Step every env (or, with ``mask``, bool ``[num_envs]``, those where it is True) with the actions in
         :attr:`action_buffers`; the results are in :attr:`next_buffer` and :attr:`root_buffer` (where an env
@@ -194,7 +174,7 @@ class BatchedEnv(EnvBase):
         ParallelEnv whose envs have tensor entries only can)."""
         return None
 
-    @_one_thread
+    @one_thread
     def start_staged_step(self, parity: int) -> None:
         """Start a step of every env with the actions in :attr:`action_buffers` and return at once: this process
         can read step ``t - 1`` in staging copy ``1 - parity`` while the workers run step ``t``. Nothing else may
@@ -202,7 +182,7 @@ class BatchedEnv(EnvBase):
         self._used = True
         self._run_start_staged(parity)
 
-    @_one_thread
+    @one_thread
     def finish_staged_step(self, parity: int) -> bool:
         """Wait for the step :meth:`start_staged_step` started; then as after :meth:`step_buffers`. True: its
         results are in staging copy ``parity`` (and in the buffers); False: read them in the buffers only (a
@@ -228,7 +208,7 @@ class BatchedEnv(EnvBase):
         self._pending_reset[:] = False
 
     # ----------------------------------------------------------------- EnvBase API
-    @_one_thread
+    @one_thread
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         self._ensure_open()
         self._used = True
@@ -316,7 +296,7 @@ class BatchedEnv(EnvBase):
                 self._objects["next"][i] = self._objects["root"][i]
         return self._with_objects(out, "next")
 
-    @_one_thread
+    @one_thread
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
         """Step, then reset the envs that ended (TorchRL semantics).
 
@@ -342,7 +322,7 @@ class BatchedEnv(EnvBase):
         next_root.update(self._with_objects(self._copy_root(), "root"))
         return tensordict, next_root
 
-    @_one_thread
+    @one_thread
     def step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None = None) -> None:
         """The lean step: copy the actions in (checked), step every env (or those where ``mask`` is True),
         leave the results in the buffers."""
@@ -350,7 +330,7 @@ class BatchedEnv(EnvBase):
         self.write_actions(tensordict)
         self.step_buffers(mask)
 
-    @_one_thread
+    @one_thread
     def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
         """Copy the action entries of ``tensordict`` into the action buffer, after checking them.
 
@@ -362,52 +342,12 @@ class BatchedEnv(EnvBase):
 
     def checked_actions(self, tensordict: TensorDictBase, n: int, value_checks: dict,
                         check: bool | None = None) -> list[torch.Tensor]:
-        """The action entries of ``tensordict`` for ``n`` envs, in action-slot order, after checking their
-        shape, dtype and (when ``check``, default ``check_actions``) values with ``value_checks[key]``.
-
-        Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected.
-        """
+        """The action entries of ``tensordict`` for ``n`` envs, checked (see :func:`.actions.checked_actions`;
+        ``check`` defaults to ``check_actions``)."""
         check = self.check_actions if check is None else check
-        values = []
-        for key, buffer, spec in self._action_slots:
-            expected = (n, *buffer.shape[1:])
-            value = tensordict.get(key, None)
-            if value is None:
-                raise KeyError(
-                    f"the input tensordict has no {key!r} entry; {self.owner} expects one of "
-                    f"shape {expected} and dtype {buffer.dtype}."
-                )
-            if tuple(value.shape) != expected:
-                raise ValueError(
-                    f"{key!r} has shape {tuple(value.shape)}, but {self.owner} expects shape {expected} ({n} envs x "
-                    f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: {type(spec).__name__}."
-                )
-            if value.dtype != buffer.dtype:
-                value = self._cast_action(key, value, buffer.dtype, check)
-            if check and not value_checks[key](value):
-                raise ValueError(
-                    f"{key!r} holds values outside its spec ({_bounds(spec)}"
-                    f"{', NaN and infinities excluded' if value.dtype.is_floating_point else ''}); nothing was "
-                    "sent to the envs. A policy that diverged, or actions on another scale than the spec's?"
-                )
-            values.append(value)
-        return values
+        return checked_actions(tensordict, n, self._action_slots, value_checks, check, self.owner)
 
-    def _cast_action(self, key, value: torch.Tensor, dtype: torch.dtype, check: bool) -> torch.Tensor:
-        """``value`` cast to the action spec's ``dtype`` (as TorchRL's envs do). When ``check``, a cast from
-        floating point to integers or bools must keep every value (``1.0`` -> ``1``; ``0.7`` raises
-        ``ValueError``): truncating a policy's output would send other actions than it chose."""
-        cast = value.to(dtype)
-        if check and value.dtype.is_floating_point and not dtype.is_floating_point:
-            if not torch.equal(cast.to(value.dtype), value):
-                raise ValueError(
-                    f"{key!r} has dtype {value.dtype} with non-integral values, but the action spec's dtype is "
-                    f"{dtype}: casting would change the actions. Round or sample them as {dtype} (e.g. "
-                    "action_spec.rand()), or pass check_actions=False to cast as torch does."
-                )
-        return cast
-
-    @_one_thread
+    @one_thread
     def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
         """Seed the envs as TorchRL's ``SerialEnv`` / ``ParallelEnv`` do: env 0 gets ``seed``, env ``i + 1`` the
         seed its predecessor returned (``seed_generator(seed)``, or the same seed with ``static_seed``). A TorchRL
@@ -420,26 +360,6 @@ class BatchedEnv(EnvBase):
     def _set_seed(self, seed: int | None) -> None:
         self.set_seed(seed)
 
-    # ----------------------------------------------------------------- forwarding (see forwarding.py)
-    def env_attribute(self, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None) -> list:
-        """``action`` (``"has"``, ``"get"`` or ``"call"``) on the attribute ``path`` of every env; one result per
-        env, in env order. ``env.name`` on this env returns a :class:`~tdcollect.envs.forwarding.EnvAttribute`
-        that calls this."""
-        self._ensure_open()
-        return self._run_env_attribute(tuple(path), action, tuple(args), kwargs)
-
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
-        except AttributeError:
-            if name.startswith("__") or not self.__dict__.get("_forwarding", False):
-                raise
-            if name.startswith("_") and self.__dict__.get("is_closed", True):
-                raise  # a private name never restarts a closed env
-        if not self.env_attribute((name,), "has")[0]:
-            raise AttributeError(f"neither {type(self).__name__} nor its envs have an attribute {name!r}.")
-        return EnvAttribute(self, (name,))
-
     def update_kwargs(self, kwargs: dict | list[dict]) -> None:
         """Update the constructors' keyword arguments: one dict for every env slot, or a list with one per slot
         (``len(kwargs) and num_workers mismatch`` otherwise). They apply when the envs are built next: at once if
@@ -450,7 +370,7 @@ class BatchedEnv(EnvBase):
             self.close()
             self.start()
 
-    @_one_thread
+    @one_thread
     def rollout(self, max_steps: int, policy=None, callback=None, *, auto_reset: bool = True,
                 break_when_any_done: bool | None = None, break_when_all_done: bool | None = None,
                 tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
@@ -467,30 +387,8 @@ class BatchedEnv(EnvBase):
         ``[num_envs, max_steps]`` with this rollout's keys, e.g. an earlier rollout's output) opts in to
         writing into the caller's own storage; it is returned (cut to the steps taken when an episode ended).
         """
-        rare = {k: v for k, v in kwargs.items() if v is not None and v is not False}
-        rare.pop("return_contiguous", None)
-        rare.pop("trust_policy", None)
-        storing_device = rare.pop("storing_device", None)
-        out = rare.pop("out", None)
-        if callback is not None or break_when_all_done or rare or self._non_tensor_keys:
-            return super().rollout(
-                max_steps, policy, callback, auto_reset=auto_reset, break_when_any_done=break_when_any_done,
-                break_when_all_done=break_when_all_done, tensordict=tensordict, storing_device=storing_device,
-                **{**kwargs, "out": out},
-            )
-        self._ensure_open()
-        break_when_any_done = True if break_when_any_done is None else break_when_any_done
-        root = self.reset() if auto_reset else tensordict
-        if root is None:
-            raise ValueError("rollout(auto_reset=False) needs the initial state as `tensordict`.")
-        if policy is None:
-            out = random_rollout(self, root, max_steps, break_when_any_done, out)
-        else:
-            out = policy_rollout(self, root, policy, max_steps, break_when_any_done, out)
-        if not auto_reset:
-            tensordict.update(out[..., 0])  # as EnvBase.rollout: the input becomes the first step
-        out.refine_names(..., "time")
-        return out if storing_device is None else out.to(storing_device)
+        return batched_rollout(self, max_steps, policy, callback, auto_reset, break_when_any_done,
+                               break_when_all_done, tensordict, kwargs)
 
     # ----------------------------------------------------------------- closing
     def close(self, *, raise_if_closed: bool = False) -> None:
@@ -523,7 +421,7 @@ class BatchedEnv(EnvBase):
         if self.is_closed:
             self.start()
 
-    @_one_thread
+    @one_thread
     def start(self) -> None:
         """Start this env again if it was closed; a no-op while it is open. As with TorchRL's batched envs, a
         closed env restarts by itself at its next ``reset`` / ``step`` / ``rollout`` (e.g. after TorchRL's
@@ -543,34 +441,3 @@ class BatchedEnv(EnvBase):
             f"{type(self).__name__}(num_envs={self.num_envs}, closed={self.is_closed}, "
             f"observation keys={list(self.full_observation_spec.keys(True, True))})"
         )
-
-
-
-def _copier(td: TensorDictBase, recycler: Recycler):
-    """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors,
-    never views of the buffers; big ones in recycled memory). With only top-level leaves it is built directly, at
-    about half the cost of ``td.clone()``."""
-    leaves = list(td.items())
-    if not all(isinstance(value, torch.Tensor) for _, value in leaves):
-        return td.clone
-    batch_size = td.batch_size
-    big = {key for key, value in leaves if value.numel() * value.element_size() >= recycler.min_bytes}
-
-    def copy() -> TensorDictBase:
-        return TensorDict._new_unsafe({key: recycler.empty(value.shape, value.dtype).copy_(value) if key in big
-                                       else value.clone() for key, value in leaves}, batch_size=batch_size)
-
-    return copy
-
-
-def _bounds(spec) -> str:
-    if isinstance(spec, OneHot):
-        return f"one-hot rows of {spec.shape[-1]} zeros and ones, at most one 1 per row"
-    space = getattr(spec, "space", None)
-    n = getattr(space, "n", None)
-    if n is not None:
-        return f"integers in [0, {n - 1}]"
-    low, high = getattr(space, "low", None), getattr(space, "high", None)
-    if low is not None:
-        return f"values in [{low.min().item():g}, {high.max().item():g}]"
-    return type(spec).__name__

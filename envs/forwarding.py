@@ -62,3 +62,27 @@ def resolve_on_env(env: Any, path: tuple[str, ...], action: str, args: tuple = (
     if action == "call" and (callable(value) or args or kwargs):
         return value(*args, **(kwargs or {}))
     return value  # calling a plain attribute without arguments reads it, as TorchRL's batched envs do
+
+
+class Forwarding:
+    """What a batched env adds to forward names it lacks to its envs (see the module docstring); it needs
+    ``_ensure_open()`` and ``_run_env_attribute(path, action, args, kwargs)`` (one result per env)."""
+
+    def env_attribute(self, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None) -> list:
+        """``action`` (``"has"``, ``"get"`` or ``"call"``) on the attribute ``path`` of every env; one result per
+        env, in env order. ``env.name`` on this env returns a :class:`~tdcollect.envs.forwarding.EnvAttribute`
+        that calls this."""
+        self._ensure_open()
+        return self._run_env_attribute(tuple(path), action, tuple(args), kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)  # nn.Module: parameters, buffers, submodules
+        except AttributeError:
+            if name.startswith("__") or not self.__dict__.get("_forwarding", False):
+                raise
+            if name.startswith("_") and self.__dict__.get("is_closed", True):
+                raise  # a private name never restarts a closed env
+        if not self.env_attribute((name,), "has")[0]:
+            raise AttributeError(f"neither {type(self).__name__} nor its envs have an attribute {name!r}.")
+        return EnvAttribute(self, (name,))

@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 #: Buffers smaller than this come straight from the allocator (measured: a 800 KB clone 253 µs, into recycled
 #: memory 69 µs; below ~128 KB the allocator reuses its own free lists).
@@ -80,6 +80,22 @@ class Recycler:
         batch[dim] = sum(td.batch_size[dim] for td in tensordicts)
         one = first[(slice(None),) * dim + (slice(0, 1),)]  # nested TensorDicts keep their own batch dims
         return torch.cat(tensordicts, dim, out=self.empty_like(one.expand(*batch)))
+
+    def copier(self, td: TensorDictBase):
+        """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors,
+        never views of the buffers; big ones in recycled memory). With only top-level leaves it is built directly, at
+        about half the cost of ``td.clone()``."""
+        leaves = list(td.items())
+        if not all(isinstance(value, torch.Tensor) for _, value in leaves):
+            return td.clone
+        batch_size = td.batch_size
+        big = {key for key, value in leaves if value.numel() * value.element_size() >= self.min_bytes}
+
+        def copy() -> TensorDictBase:
+            return TensorDict._new_unsafe({key: self.empty(value.shape, value.dtype).copy_(value) if key in big
+                                           else value.clone() for key, value in leaves}, batch_size=batch_size)
+
+        return copy
 
     def clear(self) -> None:
         """Let go of every kept buffer."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
 
 from .recorder import StepRecorder
 
@@ -119,3 +120,35 @@ def checked_out(out: TensorDictBase, template: TensorDictBase) -> TensorDictBase
             raise ValueError(f"rollout(out=...): out[{key!r}] must be {tuple(leaf.shape)} {leaf.dtype}, found "
                              f"{found}; pass an earlier rollout's output of the same length.")
     return out
+
+
+def batched_rollout(env, max_steps: int, policy, callback, auto_reset: bool, break_when_any_done: bool | None,
+                    break_when_all_done: bool | None, tensordict: TensorDictBase | None,
+                    kwargs: dict) -> TensorDictBase:
+    """``env.rollout(...)`` (see ``BatchedEnv.rollout``): the lean paths, or ``EnvBase.rollout`` for a callback,
+    the rarer options and non-tensor entries."""
+    rare = {k: v for k, v in kwargs.items() if v is not None and v is not False}
+    rare.pop("return_contiguous", None)
+    rare.pop("trust_policy", None)
+    storing_device = rare.pop("storing_device", None)
+    out = rare.pop("out", None)
+    if callback is not None or break_when_all_done or rare or env._non_tensor_keys:
+        return EnvBase.rollout(
+            env, max_steps, policy, callback, auto_reset=auto_reset, break_when_any_done=break_when_any_done,
+            break_when_all_done=break_when_all_done, tensordict=tensordict, storing_device=storing_device,
+            **{**kwargs, "out": out},
+        )
+    env._ensure_open()
+    break_when_any_done = True if break_when_any_done is None else break_when_any_done
+    root = env.reset() if auto_reset else tensordict
+    if root is None:
+        raise ValueError("rollout(auto_reset=False) needs the initial state as `tensordict`.")
+    if policy is None:
+        out = random_rollout(env, root, max_steps, break_when_any_done, out)
+    else:
+        out = policy_rollout(env, root, policy, max_steps, break_when_any_done, out)
+    if not auto_reset:
+        tensordict.update(out[..., 0])  # as EnvBase.rollout: the input becomes the first step
+    out.refine_names(..., "time")
+    return out if storing_device is None else out.to(storing_device)
+
