@@ -192,8 +192,17 @@ def test_direct_module_path_equals_tensordict_module():
     assert isinstance(policy, DirectModule)
     td = TensorDict({"observation": torch.randn(5, 4)}, [5])
     assert torch.equal(policy(td.clone())["action"], module(td.clone())["action"])
-    selected = TensorDictModule(nn.Linear(4, 2), ["observation"], ["a"]).select_out_keys("a")
-    assert not isinstance(make_policy(selected, None), DirectModule) or selected.out_keys == ["a"]
+    # a module whose out keys were selected (two outputs, one kept) must not take the shortcut: it writes "a" only
+    selected = TensorDictModule(TwoOutputs(), ["observation"], ["a", "b"]).select_out_keys("a")
+    policy = make_policy(selected, None)
+    assert not isinstance(policy, DirectModule)
+    out = policy(td.clone())
+    assert "a" in out.keys() and "b" not in out.keys()
+
+
+class TwoOutputs(nn.Module):
+    def forward(self, observation):
+        return observation[..., :2], observation[..., 2:]
 
 
 class SampleWithLogits(nn.Module):
