@@ -127,23 +127,14 @@ class AsyncParallelEnv(ParallelEnv):
         """Replace the workers behind ``err`` while ``max_restarts`` allows and start resetting them (in flight
         again: a later ``recv`` returns their envs' reset state marked ``truncated``); else close the env when a
         worker died or hung, and raise ``err``. A replacement failing in its start-up uses the same budget."""
-        while True:
-            try:
-                workers = None if self.is_closed else self._pool.replace_failed(err, self.max_restarts)
-            except WorkerError as again:
-                err = again
-                continue
-            except BaseException:
-                self.close()
-                raise
-            if workers is None:
-                self._close_if_fatal(err)
-                raise err
-            rows = self._reset_mask.reshape(self.num_workers, -1)
-            rows[workers] = True
-            self._start(RESET, workers)
-            self._restarted.update(workers)
-            return
+        workers, err = self._replace_within_budget(err)
+        if workers is None:
+            self._close_if_fatal(err)
+            raise err
+        rows = self._reset_mask.reshape(self.num_workers, -1)
+        rows[workers] = True
+        self._start(RESET, workers)
+        self._restarted.update(workers)
 
     def send(self, tensordict: TensorDictBase) -> None:
         """Step the envs of a batch :meth:`recv` returned with its action entries; returns at once."""

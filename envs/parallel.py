@@ -274,14 +274,14 @@ class ParallelEnv(BatchedEnv):
         replacement dying in its start-up or its first reset) goes through the same restart budget."""
         replaced: set[int] = set()
         while True:
+            workers, err = self._replace_within_budget(err)
+            if workers is None:
+                break
+            replaced.update(workers)
+            rows = self._reset_mask.reshape(self.num_workers, -1)  # a view: the worker's elements
+            rows[:] = False
+            rows[sorted(replaced)] = True
             try:
-                workers = None if self.is_closed else self._pool.replace_failed(err, self.max_restarts)
-                if workers is None:
-                    break
-                replaced.update(workers)
-                rows = self._reset_mask.reshape(self.num_workers, -1)  # a view: the worker's elements
-                rows[:] = False
-                rows[sorted(replaced)] = True
                 self._pool.run(RESET, sorted(replaced), self._handshake.has_objects)
             except WorkerError as again:
                 err = again
@@ -294,6 +294,19 @@ class ParallelEnv(BatchedEnv):
             return
         self._close_if_fatal(err)
         raise err
+
+    def _replace_within_budget(self, err: WorkerError) -> tuple[list[int] | None, WorkerError]:
+        """``(workers replaced, err)``: the workers behind ``err`` replaced while ``max_restarts`` allows (None
+        when it does not, or this env is closed), a replacement failing in its start-up going through the same
+        budget (``err`` is then the last failure). Anything else closes this env and propagates."""
+        while True:
+            try:
+                return (None if self.is_closed else self._pool.replace_failed(err, self.max_restarts)), err
+            except WorkerError as again:
+                err = again
+            except BaseException:
+                self.close()
+                raise
 
     def _close_if_fatal(self, err: WorkerError) -> None:
         """Close this env when a worker behind ``err`` died or hung (an exception raised by an env leaves the

@@ -84,30 +84,42 @@ def test_parallel_env_survives_a_kill_every_half_second(method, no_leaks):
     assert steps > 20
 
 
+def _check_batch(batch) -> None:
+    """A full CountingEnv batch: within it every env counts on by one per step, or ended (then the next root is
+    a reset)."""
+    assert batch.batch_size == (4, 20)
+    obs, nxt = batch["observation"], batch["next", "observation"]
+    assert torch.isfinite(obs).all() and torch.isfinite(nxt).all()
+    done = batch["next", "done"].squeeze(-1)
+    assert ((nxt[..., 0] == obs[..., 0] + 1) | done).all()
+    assert (obs[:, 1:, 0][~done[:, :-1]] == nxt[:, :-1, 0][~done[:, :-1]]).all()
+
+
+def _collect_under_kills(collector, killer) -> int:
+    """Iterate ``collector`` while ``killer`` runs, checking every batch, until one batch after the last kill;
+    the number of batches."""
+    batches, last = 0, False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        killer.start()
+        for batch in collector:
+            _check_batch(batch)
+            batches += 1
+            if last:
+                break
+            last = not killer.is_alive()  # one more batch after the last kill
+    assert killer.kills >= 0.6 * DURATION_S / PERIOD_S, "the chaos happened"
+    return batches
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_collector_survives_a_kill_every_half_second(method, no_leaks):
     collector = MultiSyncCollector([lambda: CountingEnv(episode_len=25)] * 4, frames_per_batch=80,
                                    max_restarts=BUDGET, mp_start_method=method)
     killer = Killer(collector)
-    batches, last = 0, False
-    with collector, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        killer.start()
-        for batch in collector:
-            assert batch.batch_size == (4, 20)
-            obs, nxt = batch["observation"], batch["next", "observation"]
-            assert torch.isfinite(obs).all() and torch.isfinite(nxt).all()
-            # within a batch every env counts on by one per step, or ended (then the next root is a reset)
-            done = batch["next", "done"].squeeze(-1)
-            assert ((nxt[..., 0] == obs[..., 0] + 1) | done).all()
-            assert (obs[:, 1:, 0][~done[:, :-1]] == nxt[:, :-1, 0][~done[:, :-1]]).all()
-            batches += 1
-            if last:
-                break
-            last = not killer.is_alive()  # one more batch after the last kill
-        assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
+    with collector:
+        assert _collect_under_kills(collector, killer) > 2
         assert killer.kills - 2 <= sum(collector.restarts) <= killer.kills, (collector.restarts, killer.kills)
-    assert batches > 2
 
 
 def test_async_env_survives_a_kill_every_half_second(no_leaks):
@@ -207,19 +219,5 @@ def test_nested_parallel_env_in_a_collector_survives_kills_at_both_levels(no_lea
     env workers; batches stay full and every step counts on or ends."""
     collector = MultiSyncCollector([_nested_counting] * 2, frames_per_batch=80, max_restarts=BUDGET)
     killer = Killer(collector, _descendants)
-    batches, last = 0, False
-    with collector, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        killer.start()
-        for batch in collector:
-            assert batch.batch_size == (4, 20)
-            obs, nxt = batch["observation"], batch["next", "observation"]
-            done = batch["next", "done"].squeeze(-1)
-            assert ((nxt[..., 0] == obs[..., 0] + 1) | done).all()
-            assert (obs[:, 1:, 0][~done[:, :-1]] == nxt[:, :-1, 0][~done[:, :-1]]).all()
-            batches += 1
-            if last:
-                break
-            last = not killer.is_alive()
-        assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
-    assert batches > 2
+    with collector:
+        assert _collect_under_kills(collector, killer) > 2
