@@ -126,9 +126,9 @@ def leaf_writer(space: spaces.Space, key: tuple, check: bool):
     safe = guard.safe
 
     def check_value(value):
-        if value is None or (getattr(value, "shape", None) != shape and shape_of(value) != shape):
-            if value is not None:
-                raise Mismatch(name, shape, shape_of(value))
+        """Mismatch for another shape; BadValue for None or a value the buffer's dtype cannot hold."""
+        if value is not None and getattr(value, "shape", None) != shape and shape_of(value) != shape:
+            raise Mismatch(name, shape, shape_of(value))
         if getattr(value, "dtype", None) not in safe:
             try:
                 guard.check(value)

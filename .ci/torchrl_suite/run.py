@@ -49,12 +49,14 @@ def main(argv=None) -> int:
     expected = expected_failures()
     unexpected = [test for test in failed if not any(test.startswith(prefix) for prefix in expected)]
     fixed = [prefix for prefix in expected if not any(test.startswith(prefix) for test in failed)]
-    print(f"{len(failed)} failed, {len(unexpected)} of them unexpected; {len(fixed)} expected failures now pass")
+    passed = re.search(r"(\d+) passed", run.stdout)
+    print(f"TorchRL env suite gate: {passed.group(1) if passed else 0} passed, {len(unexpected)} unexpected failures "
+          f"({len(failed)} failed in all; {len(fixed)} listed expected failures now pass)")
     for test in unexpected:
         print("UNEXPECTED", test)
     for prefix in fixed:
         print("NOW PASSES", prefix)
-    return 1 if unexpected else 0
+    return 1 if unexpected or not passed else 0  # no test run at all (a missing checkout) fails the gate too
 
 
 if __name__ == "__main__":
