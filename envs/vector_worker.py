@@ -171,9 +171,12 @@ def _relaxed(space: spaces.Space) -> spaces.Space:
         return spaces.Dict({key: _relaxed(sub) for key, sub in space.spaces.items()})
     if isinstance(space, spaces.Tuple):
         return spaces.Tuple([_relaxed(sub) for sub in space.spaces])
+    dynamic = isinstance(space, (spaces.Text, spaces.Sequence, spaces.Graph, spaces.OneOf))
     raise UnsupportedSpaceError(
-        f"observation space {space!r} cannot be moved through shared memory: the vector facades support Box, "
-        "Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of these."
+        f"observation space {space!r} cannot be moved through shared memory"
+        # gymnasium's AsyncVectorEnv says this for such spaces, and code written for it looks for these words
+        f"{' (it has a dynamic shape so its not possible to make a static shared memory.)' if dynamic else ''}: "
+        "the vector facades support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of these."
     )
 
 

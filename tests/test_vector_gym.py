@@ -464,6 +464,8 @@ def test_an_unsupported_space_is_a_clear_error(no_leaks):
     with pytest.raises(TypeError, match="Text") as caught:
         ParallelVectorEnv([lambda: SampleEnv(spaces.Text(5))])
     assert isinstance(caught.value, ValueError)
+    # the words gymnasium's AsyncVectorEnv raises for dynamic spaces, which code written for it looks for
+    assert "has a dynamic shape so its not possible to make a static shared memory." in str(caught.value)
 
 
 def test_copy_false_gives_views_of_the_buffers(no_leaks):
