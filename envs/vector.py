@@ -97,8 +97,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         if not (observation_mode in ("same", "different") or (
                 isinstance(observation_mode, tuple) and len(observation_mode) == 2
                 and all(isinstance(s, gym.Space) for s in observation_mode))):
-            raise ValueError(f"observation_mode must be 'same', 'different' or a tuple (observation_space, "
-                             f"single_observation_space), got {observation_mode!r}.")
+            raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
+                             f"observation space, actual got {observation_mode}")
         self.env_fns, self.shared_memory, self.copy, self.context, self.daemon = (
             env_fns, shared_memory, copy, context, daemon)
         self.observation_mode = observation_mode
@@ -134,10 +134,12 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
             self.single_observation_space = observation_spaces[0]
             for i, space in enumerate(observation_spaces):
                 if space != self.single_observation_space:
-                    raise SpaceMismatchError(
-                        f"env {i} has observation space {space}, env 0 {self.single_observation_space}; with "
-                        "observation_mode='same' they must be equal (observation_mode='different' allows spaces "
-                        "that differ in bounds but share shape and dtype).")
+                    raise SpaceMismatchError(  # gymnasium's words first: code written for AsyncVectorEnv reads them
+                        f"{type(self).__name__}(..., observation_mode='same') however some of the sub-environments "
+                        "observation spaces are not equivalent. If this is intentional, use "
+                        f"`observation_mode='different'` instead (env {i} has observation space {space}, env 0 "
+                        f"{self.single_observation_space}; 'different' allows spaces that differ in bounds but share "
+                        "shape and dtype).")
             self.observation_space = batch_space(self.single_observation_space, n)
         else:
             self.single_observation_space = observation_spaces[0]
@@ -309,8 +311,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """Raise unless this env is open and no *_async call is pending."""
         self._check_open(what)
         if self._state is not None:
-            raise AlreadyPendingCallError(f"{what}() was called while {self._state}_async() is pending; call "
-                                          f"{self._state}_wait() first.", self._state)
+            raise AlreadyPendingCallError(f"Calling `{what}` while waiting for a pending call to `{self._state}` to "
+                                          f"complete: call {self._state}_wait() first.", self._state)
 
     def _start(self, name: str, fn: Callable) -> None:
         self._future = self._background.submit(fn)
@@ -319,7 +321,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     def _wait(self, name: str, timeout: float | None):
         self._check_open(f"{name}_wait")
         if self._state != name:
-            raise NoAsyncCallError(f"{name}_wait() was called with no {name}_async() pending.", name)
+            raise NoAsyncCallError(f"Calling `{name}_wait` without any prior call to `{name}_async`.", name)
         future = self._future
         if not concurrent.futures.wait([future], timeout).done:
             raise multiprocessing.TimeoutError(f"{name}_wait() timed out after {timeout} s; the {name} goes on: call "
@@ -331,7 +333,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """Stop the workers and free the shared memory. A pending *_async call is waited for (up to
         ``timeout`` s) unless ``terminate``; then the workers are stopped under it."""
         if self._state is not None:
-            warnings.warn(f"{type(self).__name__}.close() while {self._state}_async() is pending.", stacklevel=3)
+            warnings.warn(f"Calling `close` while waiting for a pending call to `{self._state}` to complete.",
+                          stacklevel=3)
             if not terminate:
                 concurrent.futures.wait([self._future], timeout)
             self._state = self._future = None
@@ -354,14 +357,16 @@ def _check_call_name(name: str) -> None:
 
 
 def _checked_mask(mask, n: int) -> np.ndarray:
+    """``options["reset_mask"]`` checked as gymnasium's vector envs check it, with their messages."""
     if not isinstance(mask, np.ndarray):
-        raise TypeError(f"options['reset_mask'] must be a numpy bool array of shape ({n},), got {type(mask).__name__}.")
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
     if mask.shape != (n,):
-        raise ValueError(f"options['reset_mask'] must have shape ({n},), got {mask.shape}.")
+        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
     if mask.dtype != np.bool_:
-        raise TypeError(f"options['reset_mask'] must have dtype bool, got {mask.dtype}.")
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
     if not mask.any():
-        raise ValueError("options['reset_mask'] selects no env; set at least one True.")
+        raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True value, got "
+                         f"reset_mask={mask}")
     return mask.copy()
 
 

@@ -351,10 +351,11 @@ def test_render_returns_each_envs_frame(no_leaks):
 def test_async_calls_in_order_and_out_of_order(no_leaks):
     env = ParallelVectorEnv(tallies(3, 3))
     try:
-        with pytest.raises(NoAsyncCallError):
+        with pytest.raises(NoAsyncCallError, match="Calling `reset_wait` without any prior call to `reset_async`"):
             env.reset_wait()
         env.reset_async(seed=[3, 4])
-        with pytest.raises(AlreadyPendingCallError):
+        with pytest.raises(AlreadyPendingCallError, match="Calling `step_async` while waiting for a pending call to "
+                           "`reset` to complete"):
             env.step_async([1, 1])
         assert env.reset_wait()[0].tolist() == [3, 4]
         with pytest.raises(NoAsyncCallError):
