@@ -227,7 +227,7 @@ class BatchedEnv(Forwarding, EnvBase):
 
     def _check_finite(self, call: str) -> None:
         """``check_values``: a ``ValueError`` naming the env and key of a NaN or infinite value in the buffers."""
-        check_finite(self._next.exclude(*self.done_keys) if call == "step()" else self._root, self.owner, call)
+        check_finite(self._next if call == "step()" else self._root, self.owner, call)  # float leaves only
 
     def _keep_objects(self, objects: list | None) -> None:
         """Keep the non-tensor entries an env step or reset returned (see :meth:`_run_step`)."""

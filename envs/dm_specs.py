@@ -203,18 +203,14 @@ class TimestepWriter:
             value = values
             for part in source:
                 value = value[part]
-            try:
-                if value is None and source[0] == REWARD and timestep.first():
-                    target[...] = 0
-                    continue
-                guard(value)
-                shape = np.shape(value)
-                if shape != target.shape and tuple(n for n in shape if n != 1) != squeezed:
-                    raise BadValue(f"an array of shape {shape}, where the env's spec declares {target.shape} "
-                                   "(values are never reshaped into another shape)")
-            except BadValue as bad:
-                bad.key = key
-                raise
+            if value is None and source[0] == REWARD and timestep.first():
+                target[...] = 0
+                continue
+            guard(value, key)
+            shape = np.shape(value)
+            if shape != target.shape and tuple(n for n in shape if n != 1) != squeezed:
+                raise BadValue(f"an array of shape {shape}, where the env's spec declares {target.shape} (values are "
+                               "never reshaped into another shape)", key)
             if offset is None:
                 target[...] = np.reshape(value, target.shape)
             else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from .values import BadValue, Guard
+from .values import Guard
 
 #: types whose values are always scalars (shape ``()``): the per-step check of rewards and flags skips them.
 SCALARS = frozenset({float, int, bool, np.float32, np.float64, np.bool_, np.int32, np.int64})
@@ -39,11 +39,7 @@ def check_scalars(**values) -> None:
     """Raise :class:`Mismatch` for the first value that is not a scalar (shape ``()``), :class:`BadValue` (with
     its ``key``) for one that is not a number (None, a string)."""
     for key, value in values.items():
-        try:
-            SCALAR_GUARD(value)
-        except BadValue as bad:
-            bad.key = key
-            raise
+        SCALAR_GUARD(value, key)
         received = shape_of(value)
         if received != ():
             raise Mismatch(key, (), received)
@@ -129,12 +125,7 @@ def leaf_writer(space: spaces.Space, key: tuple, check: bool):
         """Mismatch for another shape; BadValue for None or a value the buffer's dtype cannot hold."""
         if value is not None and getattr(value, "shape", None) != shape and shape_of(value) != shape:
             raise Mismatch(name, shape, shape_of(value))
-        if getattr(value, "dtype", None) not in safe:
-            try:
-                guard.check(value)
-            except BadValue as bad:
-                bad.key = name
-                raise
+        guard(value, name)
 
     start = getattr(space, "start", None)
     if categorical and np.any(start != 0):

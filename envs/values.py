@@ -22,12 +22,12 @@ _ALL_DTYPES = [np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.i
 
 
 class BadValue(ValueError):
-    """Raised by a check: ``what`` says why the value cannot be stored (a writer turns it into the
-    ``ValueError`` that names the env, the call and the key)."""
+    """Raised by a check: ``what`` says why the value cannot be stored, ``key`` whose value it is (a writer turns
+    it into the ``ValueError`` that names the env, the call and the key)."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, key=None):
         super().__init__(what)
-        self.what = what
+        self.what, self.key = what, key
 
 
 def keeps_values(src: np.dtype, dst: np.dtype) -> bool:
@@ -49,12 +49,20 @@ class Guard:
         self.dtype = np.dtype(dtype)
         self.safe = frozenset(d for d in _ALL_DTYPES if keeps_values(d, self.dtype))
 
-    def __call__(self, value) -> None:
+    def __call__(self, value, key=None) -> None:
         if getattr(value, "dtype", None) not in self.safe:  # numpy values of a dtype that always fits skip this
-            self.check(value)
+            self.check(value, key)
 
-    def check(self, value) -> None:
-        """The full check (the call above skips it for values of a dtype that always fits)."""
+    def check(self, value, key=None) -> None:
+        """The full check (the call above skips it for values of a dtype that always fits); the
+        :class:`BadValue` carries ``key``."""
+        try:
+            self._check(value)
+        except BadValue as bad:
+            bad.key = key
+            raise
+
+    def _check(self, value) -> None:
         if value is None:
             raise BadValue("None, where a number is expected")
         if isinstance(value, torch.Tensor):
