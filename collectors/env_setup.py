@@ -12,23 +12,25 @@ from .policies import make_policy, policy_module
 
 
 def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
-    """Returns ``(env, owned)``. A gymnasium env or an unbatched TorchRL env becomes a one-env SerialEnv;
-    a batched TorchRL env (SerialEnv, ParallelEnv, torchrl's own) is used as it is. A callable is called
-    first (``owned``: the collector built it, so it closes it)."""
+    """Returns ``(env, owned)``. A batched TorchRL env (SerialEnv, ParallelEnv, torchrl's own) is used as it is;
+    any other env the engine steps (a gymnasium env, an unbatched TorchRL env, a ``dm_env`` env such as a
+    MeltingPot substrate) becomes a one-env SerialEnv, which raises a ``TypeError`` for anything else. A
+    callable that is not an env is called first (``owned``: the collector built it, so it closes it)."""
     owned = False
     env = env_or_factory
-    if not isinstance(env, (EnvBase, gym.Env)):
+    if not isinstance(env, (EnvBase, gym.Env)) and not _is_env(env):
         if not callable(env):
             raise TypeError(f"{owner} needs an env or a function that builds one, got {type(env).__name__}.")
         env, owned = env(), True
-    if isinstance(env, gym.Env) or (isinstance(env, EnvBase) and env.batch_size == ()):
+    if not isinstance(env, EnvBase) or env.batch_size == ():
         instance = env
         env, owned = SerialEnv(1, lambda: instance, owner=owner), True
-    if not isinstance(env, EnvBase):
-        raise TypeError(
-            f"{owner}: the env factory returned {type(env).__name__}; return a gymnasium env or a TorchRL env."
-        )
     return env, owned
+
+
+def _is_env(obj) -> bool:
+    """Whether ``obj`` is an env of a family without a common base class here (dm_env: it steps and resets)."""
+    return hasattr(obj, "step") and hasattr(obj, "reset") and not isinstance(obj, type)
 
 
 def worker_specs(env: EnvBase) -> EnvSpecs:

@@ -332,18 +332,19 @@ class DmEnvStepper:
     """A ``dm_env.Environment``: timestep values are written into numpy views of the buffers.
 
     ``layout``: a :class:`~tdcollect.envs.dm_specs.DmLayout` (default:
-    :func:`~tdcollect.envs.dm_specs.flat_layout`, i.e. the observation dict's entries as top-level keys,
-    actions under ``"action"``, ``"reward"`` ``[1]``).
+    :func:`~tdcollect.envs.dm_players.layout_of`: an agent group for per-player spec sequences such as
+    MeltingPot's, else the observation dict's entries as top-level keys, actions under ``"action"``, ``"reward"``
+    ``[1]``).
     dm_env has no seeding call, so a seed passed to ``reset`` is ignored (with a warning, once); subclasses
     that know how to seed their env override :meth:`seed`.
     """
 
     def __init__(self, env, layout=None):
-        from . import dm_specs  # needs dm_env, which only this family brings
+        from . import dm_players, dm_specs  # need dm_env, which only this family brings
 
         self._dm = dm_specs
         self.env = env
-        self.layout = layout if layout is not None else dm_specs.flat_layout(env)
+        self.layout = layout if layout is not None else dm_players.layout_of(env)
         self.specs = EnvSpecs(
             observation=self.layout.observation,
             action=self.layout.action,

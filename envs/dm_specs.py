@@ -110,6 +110,28 @@ def leaf_to_spec(spec: dm.Array) -> tuple[TensorSpec, np.ndarray | None]:
     return Unbounded(shape=shape, dtype=torch_dtype(dtype)), None
 
 
+def stacked_leaf(per_player: list[dm.Array], what: str, scalar_as_one: bool = False
+                 ) -> tuple[TensorSpec, np.ndarray | None]:
+    """``(spec of shape [n, *s], offset)`` for a value each of ``n`` players has; a ``ValueError`` naming ``what``
+    unless the players' specs agree (shape, dtype, bounds). ``scalar_as_one``: a scalar gets ``s = [1]``, as in
+    TorchRL's multi-agent envs (values are written into it as they are: only dims of size 1 differ)."""
+    first = per_player[0]
+    for player, spec in enumerate(per_player):
+        if spec.shape != first.shape or spec.dtype != first.dtype or _bounds(spec) != _bounds(first):
+            raise ValueError(f"players disagree on the spec of {what!r}: player 0 has {first!r}, player {player} "
+                             f"{spec!r}; an agent group needs one spec for all its players.")
+    converted, offset = leaf_to_spec(first)
+    if scalar_as_one and converted.shape == ():
+        converted = converted.unsqueeze(-1)
+        offset = None if offset is None else offset.reshape(1)
+    return converted.expand(len(per_player), *converted.shape), offset
+
+
+def _bounds(spec) -> tuple:
+    low, high = getattr(spec, "minimum", None), getattr(spec, "maximum", None)
+    return (None if low is None else np.asarray(low).tolist(), None if high is None else np.asarray(high).tolist())
+
+
 def iter_leaves(spec, path: tuple = ()):
     """``(path, leaf spec)`` for every leaf of a (nested) dm_env spec; list items get keys ``"0"``, ..."""
     if isinstance(spec, Mapping):
@@ -202,6 +224,8 @@ class TimestepWriter:
         for source, target, offset, key, squeezed, guard in self._targets:
             value = values
             for part in source:
+                if value is None:  # a FIRST timestep's reward may be None as a whole
+                    break
                 value = value[part]
             if value is None and source[0] == REWARD and timestep.first():
                 target[...] = 0

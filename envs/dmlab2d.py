@@ -56,6 +56,7 @@ from .dm_specs import (
     TimestepWriter,
     done_flags,
     leaf_to_spec,
+    stacked_leaf,
 )
 from .shared import merge_specs, numpy_tree
 from .specs import DONE_KEYS
@@ -255,23 +256,14 @@ def _place(target: Composite, specs: dict, prefix: tuple, source_root: tuple, n:
     for base, per_player in grouped.items():
         if sorted(per_player) != list(range(1, n + 1)):
             raise ValueError(f"{base!r} exists for players {sorted(per_player)} only, not for all {n}.")
-        first = per_player[1]
-        for spec in per_player.values():
-            if spec.shape != first.shape or spec.dtype != first.dtype or _bounds(spec) != _bounds(first):
-                raise ValueError(f"players disagree on the spec of {base!r}: {first!r} vs {spec!r}.")
-        converted, offset = leaf_to_spec(first)
+        stacked, offset = stacked_leaf([per_player[p] for p in range(1, n + 1)], base)
         group = target[GROUP]
         for part in prefix:
             if part not in group.keys():
                 group[part] = Composite(shape=(n,))
             group = group[part]
-        group[base] = converted.expand(n, *converted.shape)
+        group[base] = stacked
         for player in range(1, n + 1):
             slots.append(Slot((*source_root, f"{player}.{base}"), (GROUP, *prefix, base), offset,
-                              np.dtype(first.dtype), player - 1))
+                              np.dtype(per_player[1].dtype), player - 1))
     return slots
-
-
-def _bounds(spec) -> tuple:
-    low, high = getattr(spec, "minimum", None), getattr(spec, "maximum", None)
-    return (None if low is None else np.asarray(low).tolist(), None if high is None else np.asarray(high).tolist())
