@@ -16,9 +16,10 @@ Every value an env returns is checked against the shape its space / spec declare
 shapes (see :func:`shape_error`); nothing is broadcast. Dtypes are cast as numpy / torch cast them.
 
 Families: :class:`GymStepper` (``gymnasium.Env``), :class:`TorchRLStepper` (unbatched TorchRL ``EnvBase``),
-:class:`DmEnvStepper` (``dm_env.Environment``; its key layout is in ``dm_specs.py``). A TorchRL env may offer
-a faster stepper of its own through a ``native_stepper()`` method (``DMLab2dEnv`` does); it must produce the
-same data as going through the env's ``EnvBase`` API.
+:class:`DmEnvStepper` (``dm_env.Environment``; its key layouts are in ``dm_specs.py`` and ``dm_players.py``); a
+PettingZoo env (parallel or AEC) steps as TorchRL's ``PettingZooWrapper`` with its defaults (AEC:
+``use_mask=True``). A TorchRL env may offer a faster stepper of its own through a ``native_stepper()`` method
+(``DMLab2dEnv`` does); it must produce the same data as going through the env's ``EnvBase`` API.
 """
 from __future__ import annotations
 
@@ -63,9 +64,17 @@ def make_stepper(env, owner: str = "ParallelEnv"):
     dm_env = sys.modules.get("dm_env")  # an env of that family means the module is already imported
     if dm_env is not None and isinstance(env, dm_env.Environment):
         return DmEnvStepper(env)
+    pettingzoo = sys.modules.get("pettingzoo")
+    if pettingzoo is not None and isinstance(env, (pettingzoo.ParallelEnv, pettingzoo.AECEnv)):
+        from torchrl.envs.libs.pettingzoo import PettingZooWrapper
+
+        # TorchRL's agent groups, keys and defaults; an AEC env takes turns, which TorchRL's wrapper only steps
+        # with its agent masks (use_mask=True)
+        return TorchRLStepper(PettingZooWrapper(env, use_mask=not isinstance(env, pettingzoo.ParallelEnv)))
     raise TypeError(
         f"{owner}'s factory returned {type(env).__module__}.{type(env).__name__}, which is not an env "
-        "it can step: return a gymnasium.Env, a torchrl EnvBase or a dm_env.Environment from the factory."
+        "it can step: return a gymnasium.Env, a torchrl EnvBase, a dm_env.Environment or a PettingZoo env "
+        "from the factory."
     )
 
 

@@ -11,7 +11,7 @@ from torchrl.envs import EnvBase
 
 from .errors import ArgumentError, ConstructorError
 
-_NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot")
+_NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot", "pettingzoo")
 
 
 def constructors_and_kwargs(
