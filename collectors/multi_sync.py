@@ -112,7 +112,7 @@ class MultiSyncCollector(CollectorBase):
             run_collector_worker,
             [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
             handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
-            owner=OWNER,
+            owner=OWNER, preload=set().union(*(factory.imports for factory in pickled)),
         )
         self.envs_per_worker = self._handshake.envs_per_worker
 

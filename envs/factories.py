@@ -10,6 +10,7 @@ import gymnasium as gym
 from torchrl.envs import EnvBase
 
 from .errors import ArgumentError, ConstructorError
+from .preload import costly_imports
 
 _NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot", "pettingzoo")
 
@@ -144,9 +145,11 @@ def _is_env_instance(obj: Any) -> bool:
 
 class PickledFactory:
     """A zero-argument constructor serialized with cloudpickle, so lambdas and closures defined in a
-    notebook or in ``__main__`` reach workers under every start method."""
+    notebook or in ``__main__`` reach workers under every start method. ``imports``: the costly modules it
+    refers to, for the pool to import once before its workers start (:func:`~tdcollect.envs.preload.costly_imports`)."""
 
     def __init__(self, fn: Callable[[], Any], owner: str, slot: str):
+        self.imports = costly_imports(fn)  # see preload.py
         try:
             self.payload = cloudpickle.dumps(fn)
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user

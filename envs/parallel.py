@@ -155,7 +155,8 @@ class ParallelEnv(BatchedEnv):
                    for w, fn in enumerate(bind_kwargs(self.create_env_fn, self.create_env_kwargs))]
         args = [(factory, k, w * k, self.num_sub_threads) for w, factory in enumerate(pickled)]
         try:
-            self._pool = WorkerPool(run_env_worker, args, handshake=self._handshake, **self._pool_options)
+            self._pool = WorkerPool(run_env_worker, args, handshake=self._handshake,
+                                    preload=set().union(*(f.imports for f in pickled)), **self._pool_options)
         except BaseException:
             self._handshake.release()
             raise

@@ -19,7 +19,7 @@ import multiprocessing.util
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,6 +34,7 @@ from .errors import (
     failures_of,
 )
 from .platform_policy import GUARD_MESSAGE, resolve_spin_s
+from .preload import import_now
 from .protocol import (
     CALL,
     CLOSE,
@@ -101,11 +102,12 @@ class Handshake(Protocol):
 
 
 class WorkerPool:
-    """``num_workers`` processes running ``target(channel, *args[w])``, each started with ``handshake``."""
+    """``num_workers`` processes running ``target(channel, *args[w])``, each started with ``handshake``.
+    ``preload``: modules to import once before they start (see ``preload.py``)."""
 
     def __init__(self, target: Callable, args: list[tuple], *, handshake: Handshake, start_method: str,
                  timeout: float, owner: str, spin_s: float | None = None, daemon: bool = False,
-                 shutdown_timeout: float = 2.0):
+                 shutdown_timeout: float = 2.0, preload: Iterable[str] = ()):
         self.owner = owner
         self.daemon = bool(daemon)
         self.shutdown_timeout = float(shutdown_timeout)
@@ -116,7 +118,9 @@ class WorkerPool:
         num_workers = len(args)
         context = tmp.get_context(start_method)
         if start_method == "forkserver":
-            context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.protocol"])
+            context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.protocol", *sorted(set(preload))])
+        elif start_method == "fork":
+            import_now(preload)  # forked workers inherit it (see preload.py)
         self._command_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the commands")
         self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
         self._command = self._command_tensor.numpy()

@@ -1,0 +1,79 @@
+"""Costly imports paid once: env families whose import takes seconds, imported before workers start.
+
+``import meltingpot`` imports tensorflow (about 5 s of one core here). Forked workers of a main process that has
+not imported it each import it again, all at once; on 2 cores, 4 workers take 17 s to their first batch where a
+main process that imported it first takes 11 s (commons_harvest__open, measured in ``benchmarks/meltingpot.py``).
+So when an env constructor refers to such a family (MeltingPot's own modules, or TorchRL's ``MeltingpotEnv``),
+the owner imports it before starting its workers: with ``fork`` the workers inherit it; with ``forkserver`` the
+server preloads it once; with ``spawn`` nothing can be shared and nothing is done.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import types
+from collections.abc import Callable, Iterable
+
+#: module prefix a constructor may refer to -> the module worth importing once
+COSTLY_FAMILIES = {
+    "meltingpot": "meltingpot.substrate",
+    "torchrl.envs.libs.meltingpot": "meltingpot.substrate",
+}
+_MAX_OBJECTS = 200  # how many objects one constructor's references are followed through
+
+
+def costly_imports(fn: Callable) -> set[str]:
+    """The modules of :data:`COSTLY_FAMILIES` that ``fn`` refers to or imports: through ``functools.partial``
+    arguments, closures, default arguments, and the names its code (nested lambdas included) reads or imports,
+    following the functions it finds the same way."""
+    found, seen, todo = set(), set(), [fn]
+    while todo and len(seen) < _MAX_OBJECTS:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+        names = {name if isinstance(name, str) else type(obj).__module__}
+        if isinstance(obj, types.FunctionType):
+            names |= _global_names(obj.__code__)  # modules it imports itself: "from meltingpot import ..."
+        found |= {module for prefix, module in COSTLY_FAMILIES.items()
+                  for n in names if n == prefix or n.startswith(prefix + ".")}
+        todo.extend(_references(obj))
+    return found
+
+
+def _references(obj) -> list:
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if not isinstance(obj, types.FunctionType):
+        return []
+    refs = [cell.cell_contents for cell in obj.__closure__ or () if _filled(cell)]
+    refs += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+    refs += [obj.__globals__[n] for n in _global_names(obj.__code__) if n in obj.__globals__]
+    return refs
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def import_now(modules: Iterable[str]) -> None:
+    """Import ``modules`` in this process. A module that fails to import is left to the workers, which report the
+    error as theirs."""
+    for module in sorted(set(modules)):
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the worker's own import raises it with its context
+            pass
