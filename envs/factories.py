@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -124,11 +125,19 @@ def _partial_expression(make: str) -> str | None:
 
 def _remake_expression(env: Any) -> str:
     """An expression that builds an env like ``env``: ``gymnasium.make('<id>')`` for an env made by
-    ``gymnasium.make`` (its type is the outermost wrapper's), else ``<type name>(...)``."""
+    ``gymnasium.make`` (its type is the outermost wrapper's), MeltingPot's and PettingZoo's own builders for
+    their envs, else ``<type name>(...)``."""
     spec = getattr(env, "spec", None) if isinstance(env, gym.Env) else None
     env_id = getattr(spec, "id", None)
     if isinstance(env_id, str) and env_id:
         return f"gymnasium.make({env_id!r})"
+    module = type(env).__module__ or ""
+    if module.startswith("meltingpot."):
+        return "meltingpot.substrate.build(name, roles=roles)"
+    pz_name = (getattr(env, "metadata", None) or {}).get("name") if module.startswith("pettingzoo.") else None
+    if isinstance(pz_name, str) and pz_name.isidentifier():
+        aec = isinstance(env, sys.modules["pettingzoo"].AECEnv)
+        return f"{pz_name}.{'env' if aec else 'parallel_env'}(...)"
     return f"{type(env).__name__}(...)"
 
 

@@ -125,7 +125,7 @@ def test_multisync_collector_batches(name, form, no_leaks):
 def test_an_instance_is_refused_before_any_process_starts(no_leaks):
     env = native("coins")
     try:
-        with pytest.raises(ConstructorError, match=r"not an env instance.*Substrate.*lambda"):
+        with pytest.raises(ConstructorError, match=r"instance.*Substrate.*lambda: meltingpot\.substrate\.build"):
             ParallelEnv(2, env)
         with pytest.raises(ConstructorError, match="not an env instance"):
             MultiSyncCollector([env] * 2, frames_per_batch=8, total_frames=8)

@@ -83,7 +83,10 @@ def test_multisync_collector_with_two_agent_groups(no_leaks):
 def test_an_instance_is_refused_before_any_process_starts(no_leaks):
     env = pistons()
     try:
-        with pytest.raises(ConstructorError, match="not an env instance.*lambda"):
+        with pytest.raises(ConstructorError, match=r"not an env instance.*lambda: pistonball_v6\.parallel_env\("):
             ParallelEnv(2, env)
     finally:
         env.close()
+    aec = tictactoe_v3.env()
+    with pytest.raises(ConstructorError, match=r"lambda: tictactoe_v3\.env\("):
+        ParallelEnv(2, aec)
