@@ -371,6 +371,9 @@ class DmEnvStepper:
         self._read_action = dm.ActionReader(layout.action_slots, views.action_np, at)
         self._flags = [views.next_np[key][index, ...] for key in DONE_KEYS]
         self._env_index = views.first_index + index
+        keys = dict.fromkeys(slot.key for slot in layout.observation_slots)  # the next observation, root's next
+        self._carry = [(dm.leaf_array(views.root_np, key)[index], dm.leaf_array(views.next_np, key)[index])
+                       for key in keys]
 
     def seed(self, seed: int) -> None:
         """Seed the env before its next reset: not possible for a plain dm_env env (warns once)."""
@@ -396,7 +399,8 @@ class DmEnvStepper:
         if flags[0]:
             self._write(self._write_root, self.env.reset(), "reset()")
         else:
-            self._write_root(timestep)
+            for root, written in self._carry:  # already checked and converted: one copy per leaf
+                np.copyto(root, written)
 
     def _write(self, writer, timestep, call: str) -> None:
         try:

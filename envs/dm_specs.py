@@ -232,13 +232,15 @@ class TimestepWriter:
                 continue
             guard(value, key)
             shape = np.shape(value)
-            if shape != target.shape and tuple(n for n in shape if n != 1) != squeezed:
-                raise BadValue(f"an array of shape {shape}, where the env's spec declares {target.shape} (values are "
-                               "never reshaped into another shape)", key)
+            if shape != target.shape:
+                if tuple(n for n in shape if n != 1) != squeezed:
+                    raise BadValue(f"an array of shape {shape}, where the env's spec declares {target.shape} (values "
+                                   "are never reshaped into another shape)", key)
+                value = np.reshape(value, target.shape)
             if offset is None:
-                target[...] = np.reshape(value, target.shape)
+                target[...] = value
             else:
-                target[...] = np.reshape(value, target.shape) - offset
+                target[...] = value - offset
 
 
 class ActionReader:
