@@ -81,6 +81,10 @@ class ParallelEnv(BatchedEnv):
     last two the env is closed.
     """
 
+    #: whether this process's torch threads are lowered by one per worker while the workers run (TorchRL's
+    #: ParallelEnv does so); the gymnasium and SB3 faces leave their callers' threads alone
+    adjusts_caller_threads = True
+
     def __new__(cls, num_workers: int = 1, *args, serial_for_single: bool = False, **kwargs):
         if serial_for_single and num_workers == 1:  # TorchRL's option: one env needs no worker process
             from .serial import SerialEnv
@@ -162,9 +166,11 @@ class ParallelEnv(BatchedEnv):
             raise
         self._reset_mask = self._handshake.reset_tensor.numpy().reshape(-1)  # one flag per element
         self._step_mask = self._handshake.step_tensor.numpy()
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads or max(1, before - self.num_workers))
-        self._threads_taken = before - torch.get_num_threads()
+        self._threads_taken = 0
+        if self.num_threads or self.adjusts_caller_threads:
+            before = torch.get_num_threads()
+            torch.set_num_threads(self.num_threads or max(1, before - self.num_workers))
+            self._threads_taken = before - torch.get_num_threads()
 
     def _start_again(self):
         self._start_pool()

@@ -37,7 +37,10 @@ class SpaceMismatchError(SpecMismatchError, RuntimeError):
 
 
 class VectorEngine(ParallelEnv):
-    """A ParallelEnv that reaches the ``vector_worker.EngineEnv`` of every env with requests (see :meth:`serve`)."""
+    """A ParallelEnv that reaches the ``vector_worker.EngineEnv`` of every env with requests (see :meth:`serve`).
+    The caller's torch threads are left as they are (its training process is not TorchRL's)."""
+
+    adjusts_caller_threads = False
 
     def serve(self, requests: dict) -> list:
         """``EngineEnv.serve_requests(requests)`` on every env (through ``env_attribute``, which asks again when

@@ -198,3 +198,25 @@ def test_close_releases_named_semaphores(method):
     assert made
     collector.shutdown()
     assert not made & shm_entries(), "shutdown() must release the collector's named semaphores"
+
+
+@pytest.mark.parametrize("face", ["vector", "sb3", "multisync", "parallel"])
+def test_the_callers_torch_threads(face, no_leaks):
+    """gymnasium's and SB3's faces and the collectors leave the caller's torch threads alone (its training runs
+    there); ParallelEnv lowers them by one per worker while its workers run, as TorchRL's does, and gives them
+    back at close."""
+    import gymnasium as gym
+    import torch
+
+    from tests.faces import build
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        owner = build(face, lambda: gym.make("CartPole-v1"))
+        during = torch.get_num_threads()
+        owner.shutdown() if face == "multisync" else owner.close()
+        assert during == (2 if face == "parallel" else 4)
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(before)
