@@ -261,3 +261,18 @@ class BoundedObsEnv(CountingEnv):
     def __init__(self, high: float = 100.0):
         super().__init__(episode_len=100)
         self.observation_space = spaces.Box(-high, high, (3,), np.float32)
+
+
+def collect_all(factory, workers: int, frames_per_batch: int, batches: int) -> list:
+    """Every batch of a ``MultiSyncCollector`` over ``workers`` envs of ``factory`` (random actions), which is shut
+    down whatever happens; asserts that ``batches`` came."""
+    from tdcollect.collectors import MultiSyncCollector
+
+    collector = MultiSyncCollector([factory] * workers, frames_per_batch=frames_per_batch,
+                                   total_frames=frames_per_batch * batches)
+    try:
+        out = list(collector)
+    finally:
+        collector.shutdown()
+    assert len(out) == batches
+    return out

@@ -16,6 +16,7 @@ from torchrl.envs.utils import check_env_specs
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.errors import ConstructorError
+from tests.helpers import collect_all
 
 if os.environ.get("CI"):
     import meltingpot.substrate as substrate
@@ -102,13 +103,7 @@ def _check_observation(td, timestep):
 @pytest.mark.parametrize("form", ["native", "torchrl"])
 def test_multisync_collector_batches(name, form, no_leaks):
     make = (lambda: native(name)) if form == "native" else (lambda: MeltingpotEnv(name))
-    collector = MultiSyncCollector([make] * 2, frames_per_batch=16, total_frames=32)
-    try:
-        batches = list(collector)
-    finally:
-        collector.shutdown()
-    assert len(batches) == 2
-    for batch in batches:
+    for batch in collect_all(make, workers=2, frames_per_batch=16, batches=2):
         assert batch.batch_size == (2, 8)
         players = batch["agents", "action"].shape[-1]
         assert batch["next", "agents", "reward"].shape == (2, 8, players, 1)

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torchrl.envs.utils import check_env_specs
 
-from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.errors import ConstructorError
+from tests.helpers import collect_all
 
 butterfly = pytest.importorskip("pettingzoo.butterfly")
 from pettingzoo import ParallelEnv as ParallelEnvPZ  # noqa: E402
@@ -65,14 +65,8 @@ def test_values_equal_the_wrappers_alone():
 
 
 def test_multisync_collector_with_two_agent_groups(no_leaks):
-    collector = MultiSyncCollector([lambda: knights_archers_zombies_v11.parallel_env(max_cycles=30)] * 2,
-                                   frames_per_batch=20, total_frames=40)
-    try:
-        batches = list(collector)
-    finally:
-        collector.shutdown()
-    assert len(batches) == 2
-    for batch in batches:
+    make = lambda: knights_archers_zombies_v11.parallel_env(max_cycles=30)  # noqa: E731
+    for batch in collect_all(make, workers=2, frames_per_batch=20, batches=2):
         assert batch.batch_size == (2, 10)
         for group in ("archer", "knight"):
             assert batch[group, "observation"].shape == (2, 10, 2, 27, 5)
