@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'wrote' if written else 'found'} {path} (the bot assets, which substrates never read)", flush=True)
     requirements = extra_requirements()
     print("installing", " ".join(requirements), flush=True)
+    start = time.perf_counter()
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", *requirements])
+    print(f"installed in {time.perf_counter() - start:.0f} s", flush=True)
     if args.check:
         code = ("from meltingpot import substrate; c = substrate.get_config('coins'); "
                 "e = substrate.build('coins', roles=c.default_player_roles); e.reset(); e.step([0, 0]); e.close(); "
