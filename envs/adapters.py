@@ -372,8 +372,8 @@ class DmEnvStepper:
         self._flags = [views.next_np[key][index, ...] for key in DONE_KEYS]
         self._env_index = views.first_index + index
         keys = dict.fromkeys(slot.key for slot in layout.observation_slots)  # the next observation, root's next
-        self._carry = [(dm.leaf_array(views.root_np, key)[index], dm.leaf_array(views.next_np, key)[index])
-                       for key in keys]
+        self._carry = [(dm.leaf_array(views.root_np, key)[index, ...], dm.leaf_array(views.next_np, key)[index, ...])
+                       for key in keys]  # [index, ...]: a view even where a leaf is one value per env
 
     def seed(self, seed: int) -> None:
         """Seed the env before its next reset: not possible for a plain dm_env env (warns once)."""

@@ -90,6 +90,9 @@ def test_values_through_parallel_env(no_leaks):
             assert torch.equal(nxt["GRID"], torch.full((2, 2, 3), t, dtype=torch.uint8))
             assert torch.equal(nxt["agents", "reward"][0, :, 0], torch.tensor([0.0, t, 2.0 * t], dtype=torch.float64))
             assert nxt["done"].all().item() == (t == 4) and nxt["terminated"].all().item() == (t == 4)
+            if t < 4:  # the root to act on next is the observation just returned
+                assert torch.equal(td["agents", "observation", "COUNT"], total)
+                assert torch.equal(td["GRID"], nxt["GRID"])
         # auto-reset: the next root observation is the new episode's
         assert torch.equal(td["agents", "observation", "COUNT"], torch.zeros(2, 3, 1, dtype=torch.float64))
     finally:
