@@ -5,9 +5,10 @@ raw substrate's values; an instance refused before any process starts.
 MeltingPot installs with ``python -m tdcollect.envs.meltingpot_install`` (the README's test command runs it); in CI
 (``CI`` set) a missing install fails these tests instead of skipping them.
 """
+import copy
 import os
-import random
 
+import dm_env
 import numpy as np
 import pytest
 import torch
@@ -28,12 +29,8 @@ pytestmark = pytest.mark.timeout(180)
 SUBSTRATES = ["commons_harvest__open", "clean_up", "coins"]
 
 
-def native(name: str, seed: int | None = None):
-    """A substrate as MeltingPot builds it; ``seed`` fixes its episodes (MeltingPot draws their seeds from
-    Python's ``random`` and its resets from numpy's global generator)."""
-    if seed is not None:
-        random.seed(seed)
-        np.random.seed(seed)
+def native(name: str):
+    """A substrate as MeltingPot builds it."""
     return substrate.build(name, roles=substrate.get_config(name).default_player_roles)
 
 
@@ -64,22 +61,51 @@ def test_native_factory_has_torchrl_meltingpot_layout(name, no_leaks):
         reference.close()
 
 
+class Recording(dm_env.Environment):
+    """A substrate that keeps a copy of every timestep it returns (MeltingPot cannot be seeded reliably, so the values
+    are compared with what the very env returned)."""
+
+    def __init__(self, env, record: list, actions: list):
+        self.env, self.record, self.actions = env, record, actions
+
+    def observation_spec(self):
+        return self.env.observation_spec()
+
+    def action_spec(self):
+        return self.env.action_spec()
+
+    def reward_spec(self):
+        return self.env.reward_spec()
+
+    def reset(self):
+        self.record.append(copy.deepcopy(self.env.reset()))
+        return self.record[-1]
+
+    def step(self, action):
+        self.actions.append(list(action))
+        self.record.append(copy.deepcopy(self.env.step(action)))
+        return self.record[-1]
+
+    def close(self):
+        self.env.close()
+
+
 def test_values_are_the_substrates_own():
-    """A seeded substrate stepped by hand, then the same substrate through SerialEnv: the same values. (MeltingPot
-    draws from the global generators while it runs, so the two runs take turns rather than interleave.)"""
-    name, steps = "coins", 12
-    raw = native(name, seed=3)
-    players = len(raw.action_spec())
-    actions = np.random.default_rng(0).integers(0, raw.action_spec()[0].num_values, size=(steps, players))
-    timesteps = [raw.reset()] + [raw.step(list(actions[t])) for t in range(steps)]
-    raw.close()
-    env = SerialEnv(1, lambda: native(name, seed=3))
+    """Through SerialEnv (in this process), every value written is the one the substrate returned: observations of
+    every player, the world view, rewards and the done flag, for 12 steps of given actions."""
+    name, steps, record, actions_taken = "coins", 12, [], []
+    env = SerialEnv(1, lambda: Recording(native(name), record, actions_taken))
     try:
         td = env.reset()
-        _check_observation(td[0], timesteps[0])
-        for t, timestep in enumerate(timesteps[1:]):
+        _check_observation(td[0], record[-1])
+        spec = env.full_action_spec["agents", "action"]
+        players = spec.shape[-1]
+        actions = np.random.default_rng(0).integers(0, spec.space.n, size=(steps, players))
+        for t in range(steps):
             td["agents", "action"] = torch.as_tensor(actions[t]).unsqueeze(0)
             out, td = env.step_and_maybe_reset(td)
+            timestep = record[-1] if not out[0]["next", "done"] else record[-2]
+            assert [int(a) for a in actions_taken[-1]] == actions[t].tolist()  # the actions reached the engine
             nxt = out[0]["next"]
             _check_observation(nxt, timestep)
             reward = torch.as_tensor(np.stack(timestep.reward)).reshape(players, 1)
