@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import cloudpickle
-import gymnasium as gym
 from torchrl.envs import EnvBase
 
 from tdcollect.envs import SerialEnv
+from tdcollect.envs.factories import is_env_instance
 from tdcollect.envs.shared import EnvSpecs
 
 from .policies import make_policy, policy_module
@@ -18,7 +18,7 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
     callable that is not an env is called first (``owned``: the collector built it, so it closes it)."""
     owned = False
     env = env_or_factory
-    if not isinstance(env, (EnvBase, gym.Env)) and not _is_env(env):
+    if not is_env_instance(env):
         if not callable(env):
             raise TypeError(f"{owner} needs an env or a function that builds one, got {type(env).__name__}.")
         env, owned = env(), True
@@ -26,11 +26,6 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
         instance = env
         env, owned = SerialEnv(1, lambda: instance, owner=owner), True
     return env, owned
-
-
-def _is_env(obj) -> bool:
-    """Whether ``obj`` is an env of a family without a common base class here (dm_env: it steps and resets)."""
-    return hasattr(obj, "step") and hasattr(obj, "reset") and not isinstance(obj, type)
 
 
 def worker_specs(env: EnvBase) -> EnvSpecs:

@@ -24,7 +24,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torchrl.data import Composite
 
-from .dm_specs import OBSERVATION, REWARD, DmLayout, Slot, flat_layout, iter_leaves, key_of, stacked_leaf
+from .dm_specs import (
+    OBSERVATION,
+    REWARD,
+    DmLayout,
+    Slot,
+    flat_layout,
+    iter_leaves,
+    key_of,
+    leaf_array,
+    stacked_leaf,
+)
 from .specs import DONE_KEYS
 
 GROUP = "agents"
@@ -77,7 +87,7 @@ def player_list_layout(env) -> DmLayout:
     act_slots = []
     single = not isinstance(act_specs[0], (Mapping, list, tuple))
     for path, _ in iter_leaves(act_specs[0]):
-        per_player = [_leaf_at(spec, path) for spec in act_specs]
+        per_player = [leaf_array(spec, path) for spec in act_specs]
         key = (GROUP, "action") if single else (GROUP, "action", *key_of(path))
         stacked, offset = _converted(per_player, ".".join(key), scalar_as_one=False)
         action[key] = stacked
@@ -97,12 +107,6 @@ def _converted(per_player: list, what: str, scalar_as_one: bool):
         return stacked_leaf(per_player, what, scalar_as_one)
     except TypeError as exc:
         raise TypeError(f"{what}: {exc}") from None
-
-
-def _leaf_at(spec, path: tuple):
-    for part in path:
-        spec = spec[part]
-    return spec
 
 
 def _is_sequence(value) -> bool:

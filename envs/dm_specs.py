@@ -194,8 +194,9 @@ def done_flags(timestep: dm_env.TimeStep) -> tuple[bool, bool, bool]:
     return True, terminated, not terminated
 
 
-def leaf_array(tree: dict, key: tuple) -> np.ndarray:
-    """The numpy array at ``key`` in a nested dict of arrays."""
+def leaf_array(tree, key: tuple):
+    """The item at ``key`` in a nested structure: a numpy array in a nested dict of arrays, a leaf spec in a
+    nested dm_env spec."""
     for part in key:
         tree = tree[part]
     return tree

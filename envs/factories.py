@@ -80,7 +80,7 @@ def _per_slot(value, count, owner, count_name, arg_name):
 def check_factory(fn: Any, owner: str = "ParallelEnv") -> None:
     """Raise :class:`~tdcollect.envs.errors.ConstructorError` (a ``TypeError``) unless ``fn`` is a constructor
     (and not an env instance); the message shows a call of ``owner`` that would work (see :func:`example_calls`)."""
-    if _is_env_instance(fn):
+    if is_env_instance(fn):
         name = type(fn).__name__
         make = _remake_expression(fn)
         raise ConstructorError(
@@ -141,7 +141,9 @@ def _remake_expression(env: Any) -> str:
     return f"{type(env).__name__}(...)"
 
 
-def _is_env_instance(obj: Any) -> bool:
+def is_env_instance(obj: Any) -> bool:
+    """Whether ``obj`` is an env rather than a constructor: a gymnasium or TorchRL env, an object of a native env
+    family (dm_env, dmlab2d, MeltingPot, PettingZoo), or anything else that steps and resets (not a class)."""
     if isinstance(obj, type):
         return False
     if isinstance(obj, (gym.Env, EnvBase)):
