@@ -1,8 +1,9 @@
 """Collectors that step policies against tdcollect (or TorchRL) envs and yield TorchRL-ready batches."""
+from .multi_async import AsyncCollector, MultiAsyncCollector
 from .multi_sync import MultiSyncCollector
 from .single import Collector
 
-__all__ = ["Collector", "MultiSyncCollector", "RayCollector"]
+__all__ = ["AsyncCollector", "Collector", "MultiAsyncCollector", "MultiSyncCollector", "RayCollector"]
 
 
 def __getattr__(name):

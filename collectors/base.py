@@ -2,7 +2,10 @@
 
 Subclasses implement ``_collect(random: bool) -> TensorDict [n_envs, T]`` (a TensorDict the caller may keep:
 new or recycled memory from ``self._recycler``, or with ``return_same_td`` the same one every time),
-``update_policy_weights_`` and ``_shutdown``. The multi-process collectors (MultiSync, Ray) share
+``update_policy_weights_``, ``_policy_module`` and ``_shutdown``, and may override ``_shaped`` (TorchRL's batch
+layout for their arguments, from ``[n_envs, T]``). TorchRL's per-batch arguments (``postproc``, ``replay_buffer``,
+hooks, ...) are applied here, as :class:`~tdcollect.collectors.options.BatchOptions` says. The multi-process
+collectors (MultiSync, MultiAsync, Ray) share
 :func:`prepare_workers` and :func:`check_same_entries`.
 """
 from __future__ import annotations
@@ -19,15 +22,16 @@ from tdcollect.envs.errors import SpecMismatchError
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs
 from tdcollect.envs.recycle import Recycler
 
+from .options import BatchOptions, rounded_steps
 from .policies import policy_module
-from .stats import TrajectoryTracker
+from .stats import TRAJ_KEY, TrajectoryTracker
 
 
 class CollectorBase:
     def __init__(self, frames_per_batch: int, total_frames: int, *, split_trajs: bool = False,
                  init_random_frames: int = 0, storing_device=None, progress_bar: bool = False,
-                 return_same_td: bool = False):
-        if not isinstance(frames_per_batch, int) or frames_per_batch < 1:
+                 return_same_td: bool = False, options: BatchOptions | None = None):
+        if not isinstance(frames_per_batch, int) or isinstance(frames_per_batch, bool) or frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}.")
         if total_frames is None or total_frames == 0 or (total_frames < 0 and total_frames != -1):
             raise ValueError(f"total_frames must be positive or -1 (endless), got {total_frames!r}.")
@@ -35,6 +39,8 @@ class CollectorBase:
         self.total_frames = total_frames
         self.split_trajs = split_trajs
         self.init_random_frames = init_random_frames or 0
+        self.options = options or BatchOptions()
+        self.postproc, self.replay_buffer = self.options.postproc, self.options.replay_buffer
         self.storing_device = None if storing_device is None else torch.device(storing_device)
         self.progress_bar = progress_bar
         self.return_same_td = bool(return_same_td)
@@ -44,18 +50,16 @@ class CollectorBase:
         self.batches = 0
         self.episode_stats: dict = {}
         self._tracker: TrajectoryTracker | None = None
+        #: the rows (among all envs) of the last batch, when it holds some envs only (async collectors)
+        self._batch_rows: range | None = None
         self._closed = False
         self._in_use = threading.Lock()
 
-    @staticmethod
-    def steps_per_batch(frames_per_batch: int, n_envs: int, owner: str) -> int:
-        if frames_per_batch % n_envs:
-            lower = max(n_envs, frames_per_batch // n_envs * n_envs)
-            raise ValueError(
-                f"{owner}: frames_per_batch={frames_per_batch} is not a multiple of the {n_envs} envs it "
-                f"steps; use e.g. {lower} or {lower + n_envs}."
-            )
-        return frames_per_batch // n_envs
+    steps_per_batch = staticmethod(rounded_steps)
+
+    def iterator(self):
+        """The batches, as ``iter(collector)`` gives them (TorchRL's name)."""
+        return iter(self)
 
     def __iter__(self):
         if self._closed:
@@ -65,6 +69,10 @@ class CollectorBase:
         try:
             while self.total_frames == -1 or self.frames < self.total_frames:
                 start = time.perf_counter()
+                if self.options.update_at_each_batch:
+                    self.update_policy_weights_()
+                if self.options.pre_collect_hook is not None:
+                    self.options.pre_collect_hook()
                 if not self._in_use.acquire(blocking=False):
                     raise RuntimeError(f"two threads iterate this {type(self).__name__} at once; their batches "
                                        "would interleave. Iterate a collector from one thread.")
@@ -74,22 +82,92 @@ class CollectorBase:
                     self._in_use.release()
                 if self._tracker is None:
                     self._tracker = TrajectoryTracker(batch.batch_size[0])
-                self.episode_stats = self._tracker.annotate(batch)
+                self.episode_stats = self._tracker.annotate(batch, self._batch_rows)
+                if self.options.set_truncated:
+                    self._truncate_last_step(batch)
+                if not self.options.track_traj_ids:
+                    batch = batch.exclude(TRAJ_KEY)
                 self.frames += batch.numel()
                 self.batches += 1
                 if bar is not None:
                     bar.update(batch.numel())
                     bar.set_postfix(fps=f"{batch.numel() / (time.perf_counter() - start):,.0f}")
-                if self.split_trajs:
-                    from torchrl.collectors.utils import split_trajectories
-
-                    batch = split_trajectories(batch)
-                if self.storing_device is not None:
-                    batch = batch.to(self.storing_device)
-                yield batch
+                yield self._finish(self._shaped(batch))
         finally:
             if bar is not None:
                 bar.close()
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase | None:
+        """TorchRL's steps after a batch is collected (see :class:`BatchOptions`); ``None`` when it went into the
+        replay buffer."""
+        if self.split_trajs:
+            from torchrl.collectors.utils import split_trajectories
+
+            batch = split_trajectories(batch, prefix="collector")
+        if self.storing_device is not None:
+            batch = batch.to(self.storing_device)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        if self.options.post_collect_hook is not None:
+            self.options.post_collect_hook(batch)
+        if self.replay_buffer is None:
+            return batch
+        if self.options.extend_buffer:
+            self.replay_buffer.extend(batch.reshape(-1) if batch.ndim > 1 else batch)
+        else:
+            for row in batch.reshape(-1, batch.shape[-1]) if batch.ndim > 1 else batch.unsqueeze(0):
+                self.replay_buffer.extend(row)
+        return None
+
+    @staticmethod
+    def _truncate_last_step(batch: TensorDictBase) -> None:
+        """TorchRL's ``set_truncated``: every trajectory is cut at the end of the batch."""
+        for key in (("next", "truncated"), ("next", "done")):
+            flags = batch.get(key, None)
+            if flags is not None:
+                flags[:, -1] = True
+
+    def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
+        """The batch in TorchRL's layout for this collector's arguments (``[n_envs, T]`` here)."""
+        return batch
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every env (env i gets the i-th seed of TorchRL's chain: ``seed``, ``seed_generator(seed)``, ...;
+        all of them ``seed`` with ``static_seed``); every episode restarts. Returns the seed that follows the
+        last env's, as TorchRL's collectors do (to seed what comes next)."""
+        out = self._set_seed(int(seed), bool(static_seed))
+        self._restart_trajectories()
+        return out
+
+    def _set_seed(self, seed: int, static_seed: bool) -> int:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """TorchRL's collector checkpoint: ``{"policy_state_dict": ..., "frames": int, "iter": int}`` (the policy
+        entry when the policy is an ``nn.Module``)."""
+        state = {"frames": self.frames, "iter": self.batches}
+        module = self._policy_module()
+        if module is not None:
+            state["policy_state_dict"] = module.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Restore what :meth:`state_dict` saved: frame and batch counts, and the policy's weights (every worker
+        acts with them from the next batch on)."""
+        module = self._policy_module()
+        if "policy_state_dict" in state_dict:
+            if module is None:
+                raise ValueError(f"{type(self).__name__}: the state dict holds policy weights but this collector's "
+                                 "policy has none (it is not an nn.Module).")
+            module.load_state_dict(state_dict["policy_state_dict"], strict=strict)
+            self.update_policy_weights_()
+        elif strict and module is not None:
+            raise KeyError(f"{type(self).__name__}: the state dict has no 'policy_state_dict' (strict=True).")
+        self.frames = int(state_dict.get("frames", self.frames))
+        self.batches = int(state_dict.get("iter", self.batches))
+
+    def _policy_module(self):
+        return None
 
     def _restart_trajectories(self, rows=None) -> None:
         """The envs in ``rows`` (default: all) start new episodes: new trajectory ids, returns and lengths

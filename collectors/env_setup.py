@@ -11,11 +11,12 @@ from tdcollect.envs.shared import EnvSpecs
 from .policies import make_policy, policy_module
 
 
-def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
-    """Returns ``(env, owned)``. A batched TorchRL env (SerialEnv, ParallelEnv, torchrl's own) is used as it is;
-    any other env the engine steps (a gymnasium env, an unbatched TorchRL env, a ``dm_env`` env such as a
+def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
+    """Returns ``(env, owned, unbatched)``. A batched TorchRL env (SerialEnv, ParallelEnv, torchrl's own) is used
+    as it is; any other env the engine steps (a gymnasium env, an unbatched TorchRL env, a ``dm_env`` env such as a
     MeltingPot substrate) becomes a one-env SerialEnv, which raises a ``TypeError`` for anything else. A
-    callable that is not an env is called first (``owned``: the collector built it, so it closes it)."""
+    callable that is not an env is called first (``owned``: the collector built it, so it closes it).
+    ``unbatched``: the env was wrapped (its batches are ``[T]`` in TorchRL's layout, not ``[1, T]``)."""
     owned = False
     env = env_or_factory
     if not is_env_instance(env):
@@ -24,8 +25,8 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool]:
         env, owned = env(), True
     if not isinstance(env, EnvBase) or env.batch_size == ():
         instance = env
-        env, owned = SerialEnv(1, lambda: instance, owner=owner), True
-    return env, owned
+        return SerialEnv(1, lambda: instance, owner=owner), True, True
+    return env, owned, False
 
 
 def worker_specs(env: EnvBase) -> EnvSpecs:
@@ -38,10 +39,10 @@ def worker_specs(env: EnvBase) -> EnvSpecs:
 def build_worker(factory, policy_payload: bytes | None, policy_device, owner: str):
     """What every remote collector worker (a MultiSyncCollector process, a RayCollector actor) builds first:
     its env (from ``factory``, as :func:`make_batched_env`), and its policy copy (``policy_payload``: the
-    user's policy, cloudpickled; ``None``: random actions). Returns ``(env, policy, module)``: ``policy`` is
+    user's policy, cloudpickled; ``None``: random actions). Returns ``(env, policy, module, unbatched)``: ``policy`` is
     the per-step callable of :func:`~tdcollect.collectors.policies.make_policy`, ``module`` the user's ``nn.Module``
     holding the weights (or ``None``). On failure the env is closed before the error propagates."""
-    env, _ = make_batched_env(factory, owner)
+    env, _, unbatched = make_batched_env(factory, owner)
     try:
         user_policy = cloudpickle.loads(policy_payload) if policy_payload is not None else None
         policy = make_policy(user_policy, env.full_action_spec, policy_device)
@@ -49,4 +50,4 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
     except BaseException:
         env.close()
         raise
-    return env, policy, module
+    return env, policy, module, unbatched

@@ -111,11 +111,16 @@ class BatchLoop:
         leaves = {k: self.storage.get(k) for k in self.policy_keys}
         self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
 
-    def set_seed(self, seed: int) -> None:
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and this process' torch RNG
-        with ``seed``, and start fresh episodes."""
-        self.env.set_seed(seed)
+        with ``seed``, and start fresh episodes; returns the env's answer (the seed after its last env's)."""
+        out = self.env.set_seed(seed, static_seed=static_seed)
         torch.manual_seed(seed)
+        self.reset_envs()
+        return out
+
+    def reset_envs(self) -> None:
+        """Every env starts a new episode (the next batch begins with a reset)."""
         self.root = self.env.reset()
         self.traj_steps[:] = 0
 

@@ -124,3 +124,15 @@ def policy_module(policy) -> nn.Module | None:
     if isinstance(policy, ObservationToAction):
         policy = policy.module
     return policy if isinstance(policy, nn.Module) else None
+
+
+def one_policy(policy, policy_factory, owner: str):
+    """The policy, or the one ``policy_factory()`` builds (TorchRL's argument; not both)."""
+    if policy_factory is None:
+        return policy
+    if policy is not None:
+        raise TypeError(f"{owner}: pass policy or policy_factory, not both.")
+    if not callable(policy_factory):
+        raise TypeError(f"{owner}: policy_factory must be a function returning the policy, got "
+                        f"{type(policy_factory).__name__}.")
+    return policy_factory()

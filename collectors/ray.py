@@ -73,7 +73,7 @@ class RayCollectorWorker:
         self.version = 0  # the policy payload holds the weights of version 0
         torch.set_num_threads(config["threads"])
         try:
-            self.env, self.policy, module = build_worker(factory, policy_payload, config["policy_device"], OWNER)
+            self.env, self.policy, module, _ = build_worker(factory, policy_payload, config["policy_device"], OWNER)
             self.params = TensorDict.from_module(module).data if module is not None else None
         except Exception as exc:  # noqa: BLE001 - reported by info()/collect()
             self.error = error_report(exc, "construction")
@@ -100,15 +100,15 @@ class RayCollectorWorker:
             return "error", error_report(exc, "collection")
         return "ok", (batch, {**self._identity(), "version": self.version})
 
-    def set_seed(self, seed: int, steps: int):
-        """This actor's envs get TorchRL's seed chain from ``seed``, its torch RNG ``seed``; episodes restart."""
+    def set_seed(self, seed: int, steps: int, static_seed: bool = False):
+        """This actor's envs get TorchRL's seed chain from ``seed``, its torch RNG ``seed``; episodes restart.
+        Answers the seed after its last env's."""
         if self.error is not None:
             return "error", self.error
         try:
-            self._loop(steps).set_seed(seed)
+            return "ok", self._loop(steps).set_seed(seed, static_seed)
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             return "error", error_report(exc, "set_seed")
-        return "ok", None
 
     def close(self):
         if self.env is not None and not self.env.is_closed:
@@ -325,15 +325,17 @@ class RayCollector(CollectorBase):
         first = sum(self.envs_per_worker[:w])
         self._restart_trajectories(range(first, first + self.envs_per_worker[w]))
 
-    def set_seed(self, seed: int) -> None:
+    def _set_seed(self, seed: int, static_seed: bool) -> int:
         """Env i (counted over all actors) gets the i-th seed of TorchRL's chain (``seed``,
-        ``seed_generator(seed)``, ...), actor w's torch RNG the seed of its first env; every episode restarts. (An
-        actor that Ray restarts later starts unseeded.)"""
-        seeds = seed_chain(seed, sum(self.envs_per_worker))
+        ``seed_generator(seed)``, ...), actor w's torch RNG the seed of its first env. (An actor that Ray restarts
+        later starts unseeded.)"""
+        seeds = seed_chain(seed, sum(self.envs_per_worker), static_seed)
         firsts = [sum(self.envs_per_worker[:w]) for w in range(self.num_workers)]
-        self._call([actor.set_seed.remote(seeds[first], self._steps)
-                    for actor, first in zip(self._actors, firsts)], "set_seed")
-        self._restart_trajectories()
+        return self._call([actor.set_seed.remote(seeds[first], self._steps, static_seed)
+                           for actor, first in zip(self._actors, firsts)], "set_seed")[-1]
+
+    def _policy_module(self):
+        return self._module
 
     def update_policy_weights_(self, policy_weights=None) -> None:
         """Put the policy's current weights (or ``policy_weights``: a TensorDict of them, or a module of the

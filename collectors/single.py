@@ -2,31 +2,44 @@
 one batched policy forward per step, on a GPU if asked)."""
 from __future__ import annotations
 
+import functools
+
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
 from .base import CollectorBase, check_env_device, loop_options
 from .env_setup import make_batched_env
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
-from .policies import make_policy
+from .options import compiled, torchrl_options
+from .policies import make_policy, one_policy, policy_module
 from .weights import policy_weights_of
 
 
 class Collector(CollectorBase):
-    """Yields TensorDicts ``[n_envs, T]`` with ``n_envs * T == frames_per_batch`` (TorchRL keys, time last,
-    ``("collector", "traj_ids")``); consecutive batches continue the same episodes.
+    """Yields TensorDicts ``[*env.batch_size, T]`` with ``n_envs * T == frames_per_batch`` (TorchRL keys and layout,
+    time last, ``("collector", "traj_ids")``; an unbatched env gives ``[T]``, as in TorchRL); consecutive batches
+    continue the same episodes.
+
+    ``Collector(..., num_collectors=N, sync=True|False)`` (or ``backend="process"``) is TorchRL's entry point for
+    process collectors: it returns a :class:`~tdcollect.collectors.MultiSyncCollector` (``sync=True``) or a
+    :class:`~tdcollect.collectors.MultiAsyncCollector` (``sync=False``, TorchRL's default) over ``N`` workers.
 
     Args:
         create_env_fn: a batched env (``ParallelEnv``, ``SerialEnv``, any TorchRL env with one batch dim), a
-            gymnasium or unbatched TorchRL env, or a function returning one of these.
+            gymnasium or unbatched TorchRL env, or a function returning one of these (called with
+            ``create_env_kwargs``).
         policy: a ``TensorDictModule`` / TorchRL actor, an ``nn.Module`` (observation -> action), a callable
-            on a TensorDict, or ``None`` (random actions).
-        frames_per_batch: frames per yielded batch (a multiple of the number of envs).
+            on a TensorDict, or ``None`` (random actions); or ``policy_factory``, a function returning one.
+        frames_per_batch: frames per yielded batch (rounded up to a multiple of the number of envs, with
+            TorchRL's warning).
         total_frames: frames to collect in all (-1: endless).
         device: default for ``policy_device`` and ``storing_device``; ``env_device`` must be the CPU.
         policy_device: where the policy runs (inputs go there through pinned memory, actions come back).
         storing_device: where yielded batches live.
-        split_trajs, reset_at_each_iter, init_random_frames, max_frames_per_traj: as in TorchRL.
+        split_trajs, reset_at_each_iter, init_random_frames, max_frames_per_traj, postproc, replay_buffer,
+        extend_buffer, set_truncated, track_traj_ids, pre_collect_hook, post_collect_hook, compile_policy,
+        trust_policy, no_cuda_sync: as in TorchRL (see ``collectors/options.py`` for the few TorchRL
+            arguments refused, each with its reason).
         exploration_type: the interaction type the policy runs under, as in TorchRL (default
             ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
         check_actions: check every step's actions against the action spec (shape, dtype, bounds, NaN/inf)
@@ -41,22 +54,40 @@ class Collector(CollectorBase):
     After each batch, ``episode_stats`` holds ``returns`` and ``lengths`` of the episodes that ended in it.
     """
 
+    def __new__(cls, *args, backend=None, num_collectors=None, sync=None, **kwargs):
+        if cls is not Collector or (backend in (None, "direct") and num_collectors is None):
+            if backend not in (None, "direct") or sync is not None:
+                raise ValueError(f"{cls.__name__}: backend, num_collectors and sync choose process collectors; "
+                                 "pass num_collectors=N to Collector itself (sync=True for a MultiSyncCollector).")
+            return super().__new__(cls)
+        from .dispatch import process_collector
+
+        return process_collector(args, kwargs, backend, num_collectors, sync)
+
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
                  device=None, env_device=None, policy_device=None, storing_device=None,
                  split_trajs: bool = False, reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
-                 check_values: bool = False,
-                 return_same_td: bool = False):
+                 check_values: bool = False, return_same_td: bool = False, create_env_kwargs: dict | None = None,
+                 policy_factory=None, compile_policy=None, backend=None, num_collectors=None, sync=None,
+                 **torchrl_kwargs):
+        options = torchrl_options("Collector", split_trajs=split_trajs, return_same_td=return_same_td,
+                                  **torchrl_kwargs)
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
-                         return_same_td=return_same_td)
+                         return_same_td=return_same_td, options=options)
         check_env_device(env_device, "Collector")
-        self.env, self._owns_env = make_batched_env(create_env_fn, "Collector")
+        policy = one_policy(policy, policy_factory, "Collector")
+        if create_env_kwargs and callable(create_env_fn) and not hasattr(create_env_fn, "batch_size"):
+            create_env_fn = functools.partial(create_env_fn, **create_env_kwargs)
+        self.env, self._owns_env, self._unbatched = make_batched_env(create_env_fn, "Collector")
         try:
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
-            self.policy = make_policy(policy, self.env.full_action_spec, policy_device or device)
+            self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device),
+                                   compile_policy)
+            self._module = policy_module(policy) if policy is not None else None
             self._loop = BatchLoop(self.env, self.policy, steps, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))
         except BaseException:
@@ -67,19 +98,33 @@ class Collector(CollectorBase):
         batch = self._loop.collect(random)
         return batch if self.return_same_td else self._recycler.clone(batch)
 
-    def set_seed(self, seed: int) -> None:
-        """Env i gets the i-th seed of TorchRL's chain (``seed``, ``seed_generator(seed)``, ...; episodes restart);
-        the torch RNG is seeded with ``seed``."""
-        self._loop.set_seed(seed)
+    def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
+        return batch[0] if self._unbatched else batch
+
+    def _set_seed(self, seed: int, static_seed: bool) -> int:
+        return self._loop.set_seed(seed, static_seed)
+
+    def reset(self, index=None) -> None:
+        """Start new episodes in every env (TorchRL's ``Collector.reset``; ``index`` is not supported)."""
+        if index is not None:
+            raise ValueError("Collector.reset(index) is not supported; reset() restarts every env.")
+        self._loop.reset_envs()
         self._restart_trajectories()
 
-    def update_policy_weights_(self, policy_weights=None) -> None:
+    def _policy_module(self):
+        return self._module
+
+    def update_policy_weights_(self, policy_weights=None, **kwargs) -> None:
         """The policy runs in this process, so it always acts with its current weights; with
-        ``policy_weights`` (a TensorDict), those are copied into it first."""
+        ``policy_weights`` (a TensorDict or a module of the same structure; TorchRL's ``policy_or_weights``),
+        those are copied into it first."""
+        policy_weights = kwargs.pop("policy_or_weights", policy_weights)
+        if kwargs:
+            raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
         if policy_weights is not None:
             policy_weights_of(self.policy).update_(policy_weights_of(policy_weights))
 
     def _shutdown(self) -> None:
-        if self._owns_env and not self.env.is_closed:
+        if self.__dict__.get("_owns_env") and not self.env.is_closed:
             self.env.close()
 

@@ -22,7 +22,19 @@ class TrajectoryTracker:
         self.running_return = torch.zeros(n_envs, dtype=torch.float64)
         self.running_length = torch.zeros(n_envs, dtype=torch.int64)
 
-    def annotate(self, batch: TensorDictBase) -> dict:
+    def annotate(self, batch: TensorDictBase, rows: range | None = None) -> dict:
+        """``rows``: the envs the batch holds, when not all of them (one worker's batch)."""
+        if rows is not None and len(rows) != len(self.current):
+            part = TrajectoryTracker(len(rows))
+            part.current, part.next_id = self.current[rows.start:rows.stop], self.next_id
+            part.running_return = self.running_return[rows.start:rows.stop]
+            part.running_length = self.running_length[rows.start:rows.stop]
+            stats = part.annotate(batch)
+            self.next_id = part.next_id
+            self.current[rows.start:rows.stop] = part.current
+            self.running_return[rows.start:rows.stop] = part.running_return
+            self.running_length[rows.start:rows.stop] = part.running_length
+            return stats
         n, t = batch.batch_size
         done = batch.get(("next", "done")).reshape(n, t, -1).any(-1)
         ends = done.long()

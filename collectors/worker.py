@@ -1,6 +1,6 @@
-"""The MultiSyncCollector worker process: its env, its policy copy and a :class:`BatchLoop` filling its
-storage in shared memory. Its messages and commands are part of the worker protocol
-(``tdcollect/envs/protocol.py``): hello ``(n_envs, EnvSpecs of one env)``, setup ``T``, ready its storage
+"""The process collectors' worker (MultiSync, MultiAsync): its env, its policy copy and a :class:`BatchLoop`
+filling its storage in shared memory. Its messages and commands are part of the worker protocol
+(``tdcollect/envs/protocol.py``): hello ``(n_envs, EnvSpecs of one env, unbatched)``, setup ``T``, ready its storage
 ``[n_envs, T]``; ``COLLECT`` / ``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches
 the loop."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
 
 from .env_setup import build_worker, worker_specs
 from .loop import BatchLoop
+from .options import compiled
 
 
 def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weights, versions, config) -> None:
@@ -20,7 +21,9 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     channel.start()
     env = None
     try:
-        env, policy, module = build_worker(factory, policy_payload, config["policy_device"], "MultiSyncCollector")
+        env, policy, module, unbatched = build_worker(factory, policy_payload, config["policy_device"],
+                                                      config["owner"])
+        policy = compiled(policy, config["compile_policy"])
         on_cpu = config["policy_device"] is None or torch.device(config["policy_device"]).type == "cpu"
         if weights is not None and on_cpu:
             weights.bind(module)
@@ -30,7 +33,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             env.close()
         channel.fail_start(exc)
     try:
-        steps = channel.hello((env.batch_size.numel(), worker_specs(env)))
+        steps = channel.hello((env.batch_size.numel(), worker_specs(env), unbatched))
         if steps is None:
             return
         try:

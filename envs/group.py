@@ -18,12 +18,13 @@ from .shared import BufferViews, EnvSpecs
 from .specs import check_same_specs
 
 
-def seed_chain(seed: int, count: int) -> list[int]:
+def seed_chain(seed: int, count: int, static_seed: bool = False) -> list[int]:
     """The first ``count`` seeds of TorchRL's chain: ``seed``, ``seed_generator(seed)``, ... (env ``i`` of a batched
-    env seeded with ``seed`` gets the ``i``-th, see :meth:`EnvGroup.set_seed`)."""
+    env seeded with ``seed`` gets the ``i``-th, see :meth:`EnvGroup.set_seed`); ``count`` times ``seed`` with
+    ``static_seed``."""
     seeds = [seed]
     while len(seeds) < count:
-        seeds.append(seed_generator(seeds[-1]))
+        seeds.append(seeds[-1] if static_seed else seed_generator(seeds[-1]))
     return seeds[:count]
 
 

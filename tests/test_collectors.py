@@ -49,10 +49,10 @@ def test_collector_batches(env_kind, no_leaks):
            "serial": lambda: SerialEnv(4, cartpole), "factory": lambda: cartpole}[env_kind]()
     collector = Collector(env, mlp_policy(), frames_per_batch=64, total_frames=256)
     batches = list(collector)
-    n = 1 if env_kind == "factory" else 4
+    shape = (64,) if env_kind == "factory" else (4, 16)  # TorchRL's layout: [T] for an unbatched env
     assert len(batches) == len(collector) == 4
     for batch in batches:
-        assert batch.batch_size == (n, 64 // n) and batch.numel() == 64
+        assert batch.batch_size == shape and batch.numel() == 64
         assert set(batch.keys(True, True)) == KEYS
     assert collector.frames == 256
     collector.shutdown()
@@ -104,9 +104,11 @@ def test_policy_kinds(policy_kind, no_leaks):
         assert (batch["action"] == 1).all()
 
 
-def test_frames_per_batch_must_be_a_multiple_of_envs(no_leaks):
-    with pytest.raises(ValueError, match="not a multiple of the 3 envs"):
-        Collector(SerialEnv(3, cartpole), None, frames_per_batch=10, total_frames=10)
+def test_frames_per_batch_is_rounded_up_to_a_multiple_of_envs_with_torchrls_warning(no_leaks):
+    with pytest.warns(UserWarning, match=r"frames_per_batch \(10\) is not exactly divisible by the number of envs"):
+        collector = Collector(SerialEnv(3, cartpole), None, frames_per_batch=10, total_frames=10)
+    with collector:
+        assert next(iter(collector)).batch_size == (3, 4)
 
 
 def test_torchrl_arguments(no_leaks):
@@ -147,10 +149,13 @@ def test_multisync_batches_and_keys(no_leaks):
 ], ids=["serial", "parallel-in-process", "torchrl-gymenv"])
 def test_multisync_env_kinds(factory, no_leaks):
     with MultiSyncCollector(factory, None, num_workers=2, frames_per_batch=40, total_frames=80) as collector:
-        n_envs = sum(collector.envs_per_worker)
+        per_worker = collector.envs_per_worker[0]
         batch = next(iter(collector))
-    assert batch.batch_size == (n_envs, 40 // n_envs)
-    assert batch["next", "reward"].shape == (n_envs, 40 // n_envs, 1)
+    # TorchRL's layout (cat_results="stack"): [workers, T] for unbatched envs, [workers, *env_batch, T] for batched
+    steps = 40 // (2 * per_worker)
+    shape = (2, steps) if per_worker == 1 else (2, per_worker, steps)
+    assert batch.batch_size == shape
+    assert batch["next", "reward"].shape == (*shape, 1)
 
 
 def test_weight_updates_reach_every_worker(no_leaks):

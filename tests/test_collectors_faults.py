@@ -69,8 +69,8 @@ def test_instances_and_bad_arguments(no_leaks):
         MultiSyncCollector(CountingEnv, None, num_workers=0, frames_per_batch=20)
     with pytest.raises(ValueError, match="total_frames"):
         MultiSyncCollector([CountingEnv], None, frames_per_batch=20, total_frames=0)
-    with pytest.raises(ValueError, match="not a multiple"):
-        MultiSyncCollector([CountingEnv] * 2, None, frames_per_batch=21)
+    with pytest.raises(ValueError, match="frames_per_batch must be a positive int"):
+        MultiSyncCollector([CountingEnv] * 2, None, frames_per_batch=2.5)
     env.close()
 
 

@@ -56,7 +56,7 @@ def test_torchrl_env_with_transform_in_our_collectors(no_leaks):
     assert batch["next", "step_count"].max() <= 5
     assert batch["next", "truncated"].any()
     with Collector(make, None, frames_per_batch=10, total_frames=10) as collector:
-        assert next(iter(collector)).batch_size == (1, 10)
+        assert next(iter(collector)).batch_size == (10,)  # TorchRL's layout for an unbatched env
 
 
 def test_torchrl_collector_accepts_our_parallel_env(no_leaks):

@@ -1,12 +1,22 @@
-"""Run TorchRL's ParallelEnv tests against tdcollect's ParallelEnv and compare with the expected failures.
+"""Run TorchRL's own tests against tdcollect's classes and compare with the expected failures.
 
-    python .ci/torchrl_suite/run.py --rl /path/to/a/checkout/of/pytorch/rl [--reference]
+    python .ci/torchrl_suite/run.py --rl /path/to/pytorch/rl [--suite envs|collectors] [--reference]
 
-``--rl``: a checkout of github.com/pytorch/rl (its ``test/`` folder is used; torchrl itself is the installed one).
-The ParallelEnv tests of ``test/envs/test_parallel.py``, ``test_auto_reset.py``, ``test_nested.py``,
-``test_special.py`` and ``test_env_base.py`` run with our class swapped in (``swap_plugin.py``). Exit status 0
-when every failure is listed in ``expected_failures.txt`` (each with its reason); listed tests that now pass are
-reported, to be removed from the list. ``--reference`` runs TorchRL's own class instead.
+``--rl``: a checkout of github.com/pytorch/rl, or the pinned copy in ``../shared/torchrl-tests`` (its ``test/``
+folder is used; torchrl itself is the installed one).
+
+- ``envs`` (default): the ParallelEnv tests of ``test/envs/test_parallel.py``, ``test_auto_reset.py``,
+  ``test_nested.py``, ``test_special.py`` and ``test_env_base.py``, with our ``ParallelEnv`` swapped in;
+  expected failures in ``envs_expected_failures.txt``.
+- ``collectors``: the tests of ``test/test_collectors.py``, ``test/collectors/test_evaluator.py`` and
+  ``test/compile/test_compile_collectors.py`` that construct a ``Collector``, ``MultiSyncCollector`` or
+  ``MultiAsyncCollector`` in TorchRL's own run on this machine (``collectors_selected.txt``, each node id with
+  the classes it builds and TorchRL's outcome), with our collectors under TorchRL's names; expected failures
+  in ``collectors_expected_failures.txt``.
+
+Swapping is done by ``swap_plugin.py``. Exit status 0 when every failure is listed as expected (each with its
+reason); listed tests that now pass are reported, to be removed from the list. ``--reference`` runs TorchRL's own
+classes instead.
 """
 from __future__ import annotations
 
@@ -18,14 +28,17 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES = ["envs/test_parallel.py", "envs/test_auto_reset.py", "envs/test_nested.py", "envs/test_special.py",
-         "envs/test_env_base.py"]
+SUITES = {
+    "envs": ["envs/test_parallel.py", "envs/test_auto_reset.py", "envs/test_nested.py", "envs/test_special.py",
+             "envs/test_env_base.py"],
+    "collectors": ["test_collectors.py", "collectors/test_evaluator.py", "compile/test_compile_collectors.py"],
+}
 
 
-def expected_failures() -> dict[str, str]:
-    """``{test id prefix: reason}`` from expected_failures.txt (``<prefix>  # <reason>`` per line)."""
+def listed(name: str) -> dict[str, str]:
+    """``{node id or prefix: comment}`` from one of this folder's lists (``<id>  # <comment>`` per line)."""
     out = {}
-    for line in (HERE / "expected_failures.txt").read_text().splitlines():
+    for line in (HERE / name).read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             prefix, _, reason = line.partition("#")
             out[prefix.strip()] = reason.strip()
@@ -35,23 +48,28 @@ def expected_failures() -> dict[str, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rl", required=True, help="a checkout of github.com/pytorch/rl")
-    parser.add_argument("--reference", action="store_true", help="run TorchRL's own ParallelEnv instead")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="envs")
+    parser.add_argument("--reference", action="store_true", help="run TorchRL's own classes instead")
     args = parser.parse_args(argv)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-               TDSWAP="torchrl" if args.reference else "ours", TDSWAP_ONLY_PARALLEL="1")
+               TDSWAP="torchrl" if args.reference else "ours", TDSWAP_SUITE=args.suite)
+    if args.suite == "envs":
+        env["TDSWAP_ONLY_PARALLEL"] = "1"
+    else:
+        env["TDSWAP_SELECT"] = str(HERE / "collectors_selected.txt")
     command = [sys.executable, "-m", "pytest", "-p", "swap_plugin", "-p", "no:cacheprovider", "-q", "-rfE",
-               "--timeout", "120", "--tb=no", *FILES]
+               "--timeout", "120", "--tb=no", "-W", "ignore::DeprecationWarning", *SUITES[args.suite]]
     run = subprocess.run(command, cwd=Path(args.rl) / "test", env=env, capture_output=True, text=True)
     print(run.stdout[-3000:])
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.MULTILINE)))
     if args.reference:
         return run.returncode
-    expected = expected_failures()
+    expected = listed(f"{args.suite}_expected_failures.txt")
     unexpected = [test for test in failed if not any(test.startswith(prefix) for prefix in expected)]
     fixed = [prefix for prefix in expected if not any(test.startswith(prefix) for test in failed)]
     passed = re.search(r"(\d+) passed", run.stdout)
-    print(f"TorchRL env suite gate: {passed.group(1) if passed else 0} passed, {len(unexpected)} unexpected failures "
-          f"({len(failed)} failed in all; {len(fixed)} listed expected failures now pass)")
+    print(f"TorchRL {args.suite} suite gate: {passed.group(1) if passed else 0} passed, {len(unexpected)} unexpected "
+          f"failures ({len(failed)} failed in all; {len(fixed)} listed expected failures now pass)")
     for test in unexpected:
         print("UNEXPECTED", test)
     for prefix in fixed:

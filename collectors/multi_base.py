@@ -1,0 +1,195 @@
+"""ProcessCollector: what MultiSyncCollector and MultiAsyncCollector share — N worker processes, each a
+collector loop over its own env and policy copy (``worker.py``), writing into its own batch storage in shared
+memory; weights shared with them; worker restarts; seeding; shutdown. The messages between them are part of
+the worker protocol (``tdcollect/envs/protocol.py``).
+
+The subclasses say when workers collect: all at once, one batch from all of them (sync), or each on its own,
+one batch per worker as it finishes (async).
+"""
+from __future__ import annotations
+
+import gc
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs.utils import ExplorationType
+
+from tdcollect.envs.errors import WorkerError
+from tdcollect.envs.group import seed_chain
+from tdcollect.envs.platform_policy import exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.pool import WorkerPool
+from tdcollect.envs.shared import in_shared_memory
+from tdcollect.envs.specs import agreed_specs
+
+from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
+from .loop import DEFAULT_EXPLORATION_TYPE
+from .options import rounded_steps, torchrl_options
+from .policies import one_policy
+from .weights import SharedWeights
+from .worker import run_collector_worker
+
+
+class StorageHandshake:
+    """The main process' half of the start-up handshake (``protocol.py``): the workers' envs must have the same
+    specs (a restarted worker's too); each worker collects ``T`` steps per batch — ``frames_per_batch`` over
+    all workers' envs (``per_worker=False``: one batch from all) or over its own (``per_worker=True``: one
+    batch per worker); a restarted worker must have as many envs as before; each worker's storage
+    ``[n_envs, T]`` must hold the same entries as the others'."""
+
+    def __init__(self, frames_per_batch: int, owner: str, per_worker: bool):
+        self.frames_per_batch, self.owner, self.per_worker = frames_per_batch, owner, per_worker
+        self.envs_per_worker: list[int] = []
+        self.unbatched: list[bool] = []
+        self.steps: dict[int, int] = {}
+        self.specs = None
+        self.storages: dict[int, TensorDictBase] = {}
+
+    def setup(self, infos: dict[int, tuple]) -> dict[int, int]:
+        self.specs = agreed_specs(self.specs, {w: specs for w, (_, specs, _) in infos.items()},
+                                  f"All workers of one {self.owner} must build envs with the same specs.")
+        if not self.steps:
+            self.envs_per_worker = [infos[w][0] for w in sorted(infos)]
+            self.unbatched = [infos[w][2] for w in sorted(infos)]
+            if self.per_worker:
+                self.steps = {w: rounded_steps(self.frames_per_batch, n, self.owner)
+                              for w, n in enumerate(self.envs_per_worker)}
+            else:
+                steps = rounded_steps(self.frames_per_batch, sum(self.envs_per_worker), self.owner)
+                self.steps = dict.fromkeys(range(len(self.envs_per_worker)), steps)
+        for w, (n_envs, _, _) in infos.items():
+            if n_envs != self.envs_per_worker[w]:
+                raise ValueError(f"{self.owner}: restarted worker {w} has {n_envs} envs, not "
+                                 f"{self.envs_per_worker[w]} as before; constructors must build the same envs "
+                                 "every time.")
+        return {w: self.steps[w] for w in infos}
+
+    def ready(self, replies: dict[int, TensorDictBase]) -> None:
+        self.storages.update(replies)
+        check_same_entries(self.storages, self.owner, "worker")
+
+
+class ProcessCollector(CollectorBase):
+    """See the module docstring; the arguments are :class:`~tdcollect.collectors.MultiSyncCollector`'s."""
+
+    owner = "ProcessCollector"
+    per_worker_batches = False
+
+    def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
+                 num_workers: int | None = None, create_env_kwargs=None, device=None, env_device=None,
+                 policy_device=None, storing_device=None, split_trajs: bool = False,
+                 reset_at_each_iter: bool = False, init_random_frames: int = 0,
+                 max_frames_per_traj: int | None = None, progress_bar: bool = False,
+                 mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 check_values: bool = False, return_same_td: bool = False, policy_factory=None,
+                 compile_policy=None, num_threads: int | None = None, **torchrl_kwargs):
+        exit_if_bootstrapping()
+        owner = self.owner
+        options = torchrl_options(owner, split_trajs=split_trajs, return_same_td=return_same_td, **torchrl_kwargs)
+        super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
+                         init_random_frames=init_random_frames,
+                         storing_device=storing_device or device, progress_bar=progress_bar,
+                         return_same_td=return_same_td, options=options)
+        policy = one_policy(policy, policy_factory, owner)
+        pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
+                                                   env_device, owner, "worker")
+        if num_threads is not None:  # TorchRL's meaning: the threads of this (the main) process
+            torch.set_num_threads(int(num_threads))
+        self.policy = policy
+        self.num_workers = num_workers = len(pickled)
+        self.max_restarts = int(max_restarts)
+        self._module = module
+        self._weights = SharedWeights(module) if module is not None else None
+        self._versions_tensor = in_shared_memory(torch.full((num_workers,), -1, dtype=torch.int64), "the versions")
+        config = {"policy_device": policy_device or device, "compile_policy": compile_policy,
+                  "owner": owner, "loop": loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type,
+                                                       check_actions, check_values)}
+        self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches)
+        self._pool = WorkerPool(
+            run_collector_worker,
+            [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
+            handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
+            owner=owner, preload=set().union(*(factory.imports for factory in pickled)),
+        )
+        self.envs_per_worker = self._handshake.envs_per_worker
+
+    def _recover(self, err: WorkerError) -> list[int]:
+        """Replace the failed workers while ``max_restarts`` allows (their envs start new episodes, with new
+        trajectory ids) and return them; otherwise shut down and raise ``err``."""
+        try:
+            workers = self._pool.replace_failed(err, self.max_restarts)
+        except BaseException:
+            self.shutdown()
+            raise
+        if workers is None:
+            self.shutdown()
+            raise err
+        for w in workers:
+            self._restart_trajectories(self._rows(w))
+        return workers
+
+    def _rows(self, w: int) -> range:
+        """The rows of worker ``w``'s envs among all workers' envs."""
+        first = sum(self.envs_per_worker[:w])
+        return range(first, first + self.envs_per_worker[w])
+
+    @property
+    def restarts(self) -> list[int]:
+        """How many times each worker was replaced (see ``max_restarts``)."""
+        return list(self._pool.restarts)
+
+    def _set_seed(self, seed: int, static_seed: bool) -> int:
+        """Env i (counted over all workers) gets the i-th seed of TorchRL's chain (``seed``,
+        ``seed_generator(seed)``, ...: see ``EnvGroup.set_seed``), worker w's torch RNG the seed of its first env."""
+        self._settle()
+        seeds = seed_chain(seed, sum(self.envs_per_worker), static_seed)
+        answers = self._pool.call("set_seed", [(seeds[self._rows(w)[0]], static_seed)
+                                               for w in range(self.num_workers)])
+        return answers[-1]
+
+    def reset(self, reset_idx=None) -> None:
+        """Every env of the workers flagged in ``reset_idx`` (a sequence of bools, one per worker; default: all)
+        starts a new episode at the next batch (TorchRL's ``reset``)."""
+        self._settle()
+        workers = [w for w in range(self.num_workers) if reset_idx is None or reset_idx[w]]
+        self._pool.call("reset_envs", [()] * len(workers), workers)
+        for w in workers:
+            self._restart_trajectories(self._rows(w))
+
+    def _settle(self) -> None:
+        """Wait for any collection still running in the workers (async collectors); nothing here."""
+
+    def _policy_module(self):
+        return self._module
+
+    def update_policy_weights_(self, policy_weights=None, **kwargs) -> None:
+        """Copy the policy's current weights (or ``policy_weights``, a TensorDict or a module of the same
+        structure; TorchRL's ``policy_or_weights``) into the shared copy; every worker acts with them from its
+        next batch on (see ``weight_versions``)."""
+        policy_weights = kwargs.pop("policy_or_weights", policy_weights)
+        kwargs.pop("worker_ids", None)  # the weights are shared: every worker gets them
+        if kwargs:
+            raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
+        if self._weights is None:
+            return
+        self._weights.publish(policy_weights if policy_weights is not None else self.policy)
+
+    @property
+    def weight_versions(self) -> list[int]:
+        """The weights version each worker acted with in its last batch (0 = the initial weights)."""
+        return self._versions_tensor.tolist()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._pool.pids
+
+    def _shutdown(self) -> None:
+        pool, handshake = self.__dict__.get("_pool"), self.__dict__.get("_handshake")
+        if pool is not None:
+            pool.stop()
+        if handshake is not None:
+            handshake.storages.clear()
+        if "_versions_tensor" in self.__dict__:  # a private copy: weight_versions still answers
+            self._versions_tensor = self._versions_tensor.clone()
+        self._weights = None
+        gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now

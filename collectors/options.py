@@ -1,0 +1,113 @@
+"""TorchRL's collector arguments: which ones tdcollect's collectors take, what they mean here, and a clear error
+for the few it refuses (never a silent ignore).
+
+:func:`torchrl_options` takes the keyword arguments of a TorchRL collector that are not tdcollect's own and
+returns :class:`BatchOptions` (what happens to every batch after it is collected, in the main process), having
+checked the rest. The refused arguments, each with its reason, are in :data:`REFUSED`.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: TorchRL arguments refused when given a value other than their default: ``{name: (default, why / what instead)}``
+REFUSED: dict[str, tuple[Any, str]] = {
+    "reset_when_done": (True, "tdcollect's envs always reset a finished env in the same step (TorchRL's default)"),
+    "use_buffers": (None, "tdcollect's collectors always collect into preallocated (shared-memory) buffers; "
+                          "leave use_buffers unset or True"),
+    "interruptor": (None, "preemption is not supported: every worker collects its whole share of each batch"),
+    "preemptive_threshold": (None, "preemption is not supported: every worker collects its whole share of each "
+                                   "batch"),
+    "trajs_per_batch": (None, "batches are counted in frames; pass frames_per_batch (use split_trajs=True to get "
+                              "whole trajectories as rows)"),
+    "trajs_per_write": (None, "batches are counted in frames; pass frames_per_batch"),
+    "traj_format": (None, "batches are counted in frames; pass frames_per_batch"),
+    "weight_updater": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
+    "weight_sync_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
+    "weight_recv_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
+    "auto_register_policy_transforms": (None, "policy transforms are not registered on the env; put the "
+                                              "transform in the policy or in the env you build"),
+    "compact_obs": (False, "batches keep TorchRL's full layout (root and next observations)"),
+    "collector_class": (None, "every worker runs tdcollect's own collector loop"),
+    "worker_idx": (None, "a worker's index is set by the collector that starts it"),
+    "backend_options": (None, "the process backend takes no options here"),
+    "num_sub_threads": (1, "each worker steps its envs on one thread"),
+}
+#: accepted with any value: they change nothing on the CPU, where tdcollect's collectors run the envs
+NO_EFFECT_ON_CPU = ("no_cuda_sync",)
+
+
+@dataclass
+class BatchOptions:
+    """What the main process does to each batch ``[*batch_dims, T]`` before yielding it, in TorchRL's order:
+    ``set_truncated`` (the last step of every row ends its trajectory: ``("next", "truncated")`` and
+    ``("next", "done")`` set), ``track_traj_ids`` (``("collector", "traj_ids")``), ``split_trajs``, the storing
+    device, ``postproc``, ``post_collect_hook``; then a ``replay_buffer`` is extended with it (and the iteration
+    yields ``None``, as TorchRL's does). ``pre_collect_hook()`` runs before each batch is collected."""
+    postproc: Callable | None = None
+    replay_buffer: Any = None
+    extend_buffer: bool = True
+    set_truncated: bool = False
+    track_traj_ids: bool = True
+    pre_collect_hook: Callable | None = None
+    post_collect_hook: Callable | None = None
+    update_at_each_batch: bool = False
+
+
+def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buffer: bool = True,
+                    set_truncated: bool = False, track_traj_ids: bool = True, pre_collect_hook=None,
+                    post_collect_hook=None, update_at_each_batch: bool = False, split_trajs=None,
+                    return_same_td: bool = False, compile_policy=None, cudagraph_policy=None, trust_policy=None,
+                    **rest) -> BatchOptions:
+    """Check TorchRL's collector arguments (see the module docstring) and return the per-batch ones."""
+    for name, value in rest.items():
+        if name in NO_EFFECT_ON_CPU:
+            continue
+        if name not in REFUSED:
+            raise TypeError(f"{owner} got an unexpected keyword argument {name!r}.")
+        default, why = REFUSED[name]
+        if value is not default and value != default and not (name == "use_buffers" and value is True):
+            raise ValueError(f"{owner} does not support {name}={value!r}: {why}.")
+    if cudagraph_policy:
+        raise ValueError(f"{owner}: cudagraph_policy={cudagraph_policy!r} needs a CUDA policy device; tdcollect's "
+                         "collectors run the policy where policy_device says (CUDA graphs are not supported); "
+                         "use compile_policy=True instead, or leave cudagraph_policy unset.")
+    for name, hook in (("postproc", postproc), ("pre_collect_hook", pre_collect_hook),
+                       ("post_collect_hook", post_collect_hook)):
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{owner}: {name} must be callable, got {type(hook).__name__}.")
+    if replay_buffer is not None:
+        if not hasattr(replay_buffer, "extend"):
+            raise TypeError(f"{owner}: replay_buffer must have an extend() method (a TorchRL ReplayBuffer), got "
+                            f"{type(replay_buffer).__name__}.")
+        if return_same_td:
+            raise TypeError(f"{owner}: return_same_td must be False when a replay buffer is passed.")
+        if not extend_buffer and (postproc is not None or split_trajs):
+            raise TypeError(f"{owner}: postproc and split_trajs need extend_buffer=True with a replay buffer.")
+    return BatchOptions(postproc, replay_buffer, bool(extend_buffer), bool(set_truncated), bool(track_traj_ids),
+                        pre_collect_hook, post_collect_hook, bool(update_at_each_batch))
+
+
+def compiled(policy: Callable, compile_policy) -> Callable:
+    """``torch.compile(policy, **options)`` for ``compile_policy=True`` or a dict of options, else ``policy``."""
+    if not compile_policy:
+        return policy
+    options = compile_policy if isinstance(compile_policy, dict) else {}
+    return torch.compile(policy, **options)
+
+
+def rounded_steps(frames_per_batch: int, n_envs: int, owner: str) -> int:
+    """Steps per env for a batch of ``frames_per_batch`` frames over ``n_envs`` envs: rounded up, with TorchRL's
+    warning, when it is not a multiple (the batch then holds more frames than asked)."""
+    if not isinstance(frames_per_batch, int) or isinstance(frames_per_batch, bool) or frames_per_batch < 1:
+        raise ValueError(f"{owner}: frames_per_batch must be a positive int, got {frames_per_batch!r}.")
+    steps = math.ceil(frames_per_batch / n_envs)
+    if steps * n_envs != frames_per_batch:
+        warnings.warn(f"{owner}: frames_per_batch ({frames_per_batch}) is not exactly divisible by the number of "
+                      f"envs ({n_envs}); each batch holds {steps * n_envs} frames.", stacklevel=3)
+    return steps

@@ -1,0 +1,209 @@
+"""TorchRL's collector API on ours: the entry point ``Collector(num_collectors=..., sync=...)``, MultiAsync and
+Async collectors, ``cat_results`` layouts, per-batch arguments (postproc, replay buffer, hooks, set_truncated,
+track_traj_ids), ``set_seed``'s return, ``state_dict``, ``reset``, refused arguments. Where TorchRL's answer is a
+value (a seed, a layout), it is compared with TorchRL's own collector on the same envs."""
+import functools
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torchrl.collectors import Collector as TorchRLCollector
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.envs import GymEnv
+
+from tdcollect.collectors import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
+from tdcollect.envs import SerialEnv
+from tests.helpers import CountingEnv
+from tests.test_collectors import ConstantAction
+
+pytestmark = pytest.mark.timeout(120)
+COUNTING = functools.partial(CountingEnv, episode_len=50)
+
+
+def gym_cartpole():
+    return GymEnv("CartPole-v1")
+
+
+def test_collector_entry_point_returns_the_process_collectors(no_leaks):
+    with Collector(COUNTING, None, num_collectors=2, sync=True, frames_per_batch=20, total_frames=40) as sync:
+        assert type(sync) is MultiSyncCollector and sync.num_workers == 2
+        assert [b.batch_size for b in sync] == [(2, 10), (2, 10)]
+    with Collector([COUNTING] * 3, None, num_collectors=3, frames_per_batch=10, total_frames=30) as asynchronous:
+        assert type(asynchronous) is MultiAsyncCollector and asynchronous.num_workers == 3  # TorchRL's default
+    with pytest.raises(ValueError, match="num_collectors=2 but 3 env constructors"):
+        Collector([COUNTING] * 3, None, num_collectors=2, frames_per_batch=10)
+    with pytest.raises(ValueError, match="backend='ray' is not supported.*RayCollector"):
+        Collector(COUNTING, None, backend="ray", num_collectors=2, frames_per_batch=10)
+    with pytest.raises(ValueError, match="sync choose process collectors"):
+        Collector(COUNTING, None, sync=True, frames_per_batch=10)
+
+
+def test_unbatched_env_gives_torchrls_layout(no_leaks):
+    ours = Collector(gym_cartpole, None, frames_per_batch=16, total_frames=16)
+    theirs = TorchRLCollector(gym_cartpole, None, frames_per_batch=16, total_frames=16)
+    try:
+        mine, reference = next(iter(ours)), next(iter(theirs))
+        assert mine.batch_size == reference.batch_size == (16,)
+        assert set(reference.keys(True, True)) <= set(mine.keys(True, True))
+        assert mine["collector", "traj_ids"].shape == reference["collector", "traj_ids"].shape
+    finally:
+        ours.shutdown()
+        theirs.shutdown()
+
+
+@pytest.mark.parametrize("cat_results, shape", [(None, (2, 3, 4)), ("stack", (2, 3, 4)), (0, (6, 4)), (-1, (3, 8))])
+def test_cat_results_layouts_of_batched_workers(cat_results, shape, no_leaks):
+    make = functools.partial(SerialEnv, 3, COUNTING)
+    with MultiSyncCollector([make] * 2, None, frames_per_batch=24, total_frames=24,
+                            cat_results=cat_results) as collector:
+        batch = next(iter(collector))
+    assert batch.batch_size == shape
+    ids = batch["collector", "traj_ids"]
+    assert ids.unique().numel() == 6, "every env's trajectory has its own id"
+    # time runs along the last dim in every layout: the step counter grows by one per step
+    count = batch["next", "observation"][..., 0]
+    assert ((count.diff(dim=-1) == 1) | (ids.diff(dim=-1) != 0)).all()
+
+
+def test_cat_results_of_unbatched_workers(no_leaks):
+    with MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, total_frames=20, cat_results=0) as collector:
+        assert next(iter(collector)).batch_size == (20,)
+    with pytest.raises(ValueError, match="cat_results must be 'stack' or an int"):
+        MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, cat_results="cat")
+
+
+def test_multi_async_yields_each_workers_batches_as_they_come(no_leaks):
+    policy = ConstantAction(3, favourite=1)
+    with MultiAsyncCollector([COUNTING] * 2, policy, frames_per_batch=10, total_frames=60) as collector:
+        batches = [batch.clone() for batch in collector]
+        assert collector.frames == 60
+        assert len(collector.weight_versions) == 2
+    assert len(batches) == 6 and all(b.batch_size == (10,) for b in batches)
+    assert all((b["action"] == 1).all() for b in batches)
+    ids = torch.cat([b["collector", "traj_ids"] for b in batches])
+    # two workers' envs, 60 steps of 50-step episodes: at most 4 trajectories, never one id for two envs
+    firsts = {int(b["collector", "traj_ids"][0]) for b in batches}
+    assert len(ids.unique()) <= 4 and len(firsts) >= 2
+    for batch in batches:
+        count = batch["next", "observation"][:, 0]
+        same = batch["collector", "traj_ids"].diff() == 0
+        assert (count.diff()[same] == 1).all(), "one trajectory id, one env's consecutive steps"
+
+
+def test_async_collector_one_worker_and_weights(no_leaks):
+    policy = ConstantAction(3, favourite=0)
+    with AsyncCollector(COUNTING, policy, frames_per_batch=10, total_frames=-1, update_at_each_batch=True) as c:
+        it = iter(c)
+        assert (next(it)["action"] == 0).all()
+        with torch.no_grad():
+            policy.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
+        actions = [next(it)["action"] for _ in range(3)]  # one batch may be the one collected meanwhile
+        assert (actions[-1] == 2).all(), "update_at_each_batch publishes the policy's weights before each batch"
+    with pytest.raises(ValueError, match="one worker"):
+        AsyncCollector([COUNTING] * 2, None, frames_per_batch=10)
+
+
+def test_postproc_replay_buffer_and_hooks(no_leaks):
+    buffer = ReplayBuffer(storage=LazyTensorStorage(1000))
+    seen, calls = [], []
+    with MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, total_frames=60, replay_buffer=buffer,
+                            postproc=lambda td: td.set("doubled", td["next", "reward"] * 2),
+                            pre_collect_hook=lambda: calls.append("pre"),
+                            post_collect_hook=lambda td: seen.append(td.batch_size)) as collector:
+        yielded = list(collector)
+    assert yielded == [None] * 3, "with a replay buffer the batches go there and the iteration yields None"
+    assert len(buffer) == 60 and calls == ["pre"] * 3 and seen == [(2, 10)] * 3
+    sample = buffer.sample(8)
+    assert torch.equal(sample["doubled"], sample["next", "reward"] * 2)
+    with pytest.raises(TypeError, match="return_same_td must be False"):
+        MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, replay_buffer=buffer, return_same_td=True)
+
+
+def test_set_truncated_and_track_traj_ids(no_leaks):
+    with Collector(SerialEnv(2, COUNTING), None, frames_per_batch=20, total_frames=20, set_truncated=True,
+                   track_traj_ids=False) as collector:
+        batch = next(iter(collector))
+    assert batch["next", "truncated"][:, -1].all() and batch["next", "done"][:, -1].all()
+    assert not batch["next", "truncated"][:, :-1].any()
+    assert ("collector", "traj_ids") not in batch.keys(True, True)
+
+
+def test_set_seed_returns_torchrls_next_seed(no_leaks):
+    reference = TorchRLCollector(gym_cartpole, None, frames_per_batch=10, total_frames=10)
+    try:
+        one = reference.set_seed(7)
+    finally:
+        reference.shutdown()
+    with Collector(gym_cartpole, None, frames_per_batch=10, total_frames=10) as collector:
+        assert collector.set_seed(7) == one
+        assert collector.set_seed(7, static_seed=True) == 7
+    with MultiSyncCollector([gym_cartpole] * 2, None, frames_per_batch=10, total_frames=10) as collector:
+        two = collector.set_seed(7)
+    with SerialEnv(2, gym_cartpole) as env:
+        assert two == env.set_seed(7), "the seed after the last env's, as a batched env of all of them returns"
+
+
+def test_state_dict_round_trip_reaches_the_workers(no_leaks):
+    policy = ConstantAction(3, favourite=0)
+    with MultiSyncCollector([COUNTING] * 2, policy, frames_per_batch=20, total_frames=-1) as collector:
+        it = iter(collector)
+        next(it)
+        state = collector.state_dict()
+        assert state["frames"] == 20 and state["iter"] == 1 and "bias" in state["policy_state_dict"]
+        state["policy_state_dict"]["bias"] = torch.tensor([0.0, 0.0, 1.0])
+        state["frames"] = 1000
+        collector.load_state_dict(state)
+        assert collector.frames == 1000
+        assert (next(it)["action"] == 2).all(), "loaded weights reach every worker"
+    with Collector(SerialEnv(1, COUNTING), None, frames_per_batch=10) as collector:
+        with pytest.raises(ValueError, match="holds policy weights"):
+            collector.load_state_dict({"policy_state_dict": {}, "frames": 0, "iter": 0})
+
+
+def test_reset_starts_new_episodes(no_leaks):
+    with MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=10, total_frames=-1) as collector:
+        it = iter(collector)
+        first = next(it)
+        collector.reset()
+        after = next(it)
+    assert after["observation"][:, 0, 0].eq(0).all(), "the batch after reset() starts with fresh episodes"
+    before = first["collector", "traj_ids"].flatten().tolist()
+    assert set(after["collector", "traj_ids"][:, 0].tolist()).isdisjoint(before)
+
+
+def test_policy_factory_compile_policy_and_create_env_kwargs(no_leaks):
+    with Collector(CountingEnv, policy_factory=lambda: ConstantAction(3, favourite=2), frames_per_batch=10,
+                   total_frames=10, create_env_kwargs={"episode_len": 4}) as collector:
+        batch = next(iter(collector))
+    assert (batch["action"] == 2).all() and batch["next", "done"].sum() == 2
+    module = TensorDictModule(ConstantAction(3, favourite=1), ["observation"], ["action"])
+    with MultiSyncCollector([COUNTING] * 2, module, frames_per_batch=10, total_frames=10,
+                            compile_policy={"backend": "eager"}) as collector:
+        assert (next(iter(collector))["action"] == 1).all()
+    with pytest.raises(TypeError, match="policy or policy_factory, not both"):
+        Collector(COUNTING, module, policy_factory=lambda: module, frames_per_batch=10)
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("preemptive_threshold", 0.7, "preemption is not supported"),
+    ("trajs_per_batch", 2, "batches are counted in frames"),
+    ("use_buffers", False, "preallocated"),
+    ("reset_when_done", False, "always reset a finished env"),
+    ("cudagraph_policy", True, "CUDA graphs are not supported"),
+])
+def test_refused_torchrl_arguments_say_why(argument, value, message, no_leaks):
+    with pytest.raises(ValueError, match=message) as info:
+        MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=10, **{argument: value})
+    assert argument in str(info.value)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'not_an_argument'"):
+        Collector(COUNTING, None, frames_per_batch=10, not_an_argument=1)
+
+
+def test_update_policy_weights_takes_torchrls_keyword(no_leaks):
+    policy = ConstantAction(3, favourite=0)
+    with MultiSyncCollector([COUNTING] * 2, policy, frames_per_batch=10, total_frames=-1) as collector:
+        it = iter(collector)
+        next(it)
+        collector.update_policy_weights_(policy_or_weights=TensorDict({"bias": torch.tensor([0.0, 1.0, 0.0])}))
+        assert (next(it)["action"] == 1).all()
