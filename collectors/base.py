@@ -10,6 +10,7 @@ collectors (MultiSync, MultiAsync, Ray) share
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -54,12 +55,73 @@ class CollectorBase:
         self._batch_rows: range | None = None
         self._closed = False
         self._in_use = threading.Lock()
+        self._next_iter = None  # the iteration next() goes on with
+        self._local_version = 0  # the policy's weights version, where the collector counts it itself
+        self._background: threading.Thread | None = None  # start()'s collection
+        self._background_error: BaseException | None = None
+        self._running, self._stopping = threading.Event(), False
 
     steps_per_batch = staticmethod(rounded_steps)
 
     def iterator(self):
         """The batches, as ``iter(collector)`` gives them (TorchRL's name)."""
         return iter(self)
+
+    def next(self):
+        """The next batch of one iteration kept by the collector (TorchRL's ``next()``); ``None`` at the end."""
+        if self._next_iter is None:
+            self._next_iter = iter(self)
+        return next(self._next_iter, None)
+
+    # TorchRL's hook attributes: settable after construction too
+    pre_collect_hook = property(lambda self: self.options.pre_collect_hook,
+                                lambda self, hook: setattr(self.options, "pre_collect_hook", hook))
+    post_collect_hook = property(lambda self: self.options.post_collect_hook,
+                                 lambda self, hook: setattr(self.options, "post_collect_hook", hook))
+
+    def start(self) -> None:
+        """Collect in the background into the ``replay_buffer`` until :meth:`async_shutdown` (TorchRL's ``start``);
+        :meth:`pause` holds the collection while its block runs."""
+        if self.replay_buffer is None:
+            raise RuntimeError(f"{type(self).__name__}.start() collects into a replay buffer: pass replay_buffer=.")
+        if self._background is not None:
+            raise RuntimeError(f"this {type(self).__name__} was started already.")
+        self._running.set()
+        self._background = threading.Thread(target=self._collect_in_background, daemon=True,
+                                            name=f"{type(self).__name__}.start")
+        self._background.start()
+
+    def _collect_in_background(self) -> None:
+        try:
+            for _ in self:
+                self._running.wait()
+                if self._closed or self._stopping:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - kept and raised by async_shutdown in the caller's thread
+            if not self._stopping:
+                self._background_error = exc
+
+    @contextlib.contextmanager
+    def pause(self):
+        """While the block runs, a collector :meth:`start`-ed collects no new batch (the one under way finishes)."""
+        self._running.clear()
+        try:
+            yield
+        finally:
+            self._running.set()
+
+    def async_shutdown(self, timeout: float | None = None, close_env: bool = True) -> None:
+        """Stop a :meth:`start`-ed collection (the batch under way finishes), then :meth:`shutdown`; an error the
+        background collection met is raised here."""
+        self._stopping = True
+        self._running.set()
+        background, self._background = self._background, None
+        if background is not None:
+            background.join(timeout)
+        self.shutdown()
+        error, self._background_error = self._background_error, None
+        if error is not None:
+            raise error
 
     def __iter__(self):
         if self._closed:
@@ -85,6 +147,10 @@ class CollectorBase:
                 self.episode_stats = self._tracker.annotate(batch, self._batch_rows)
                 if self.options.set_truncated:
                     self._truncate_last_step(batch)
+                if self.options.track_policy_version:
+                    versions = self._frame_versions(batch.shape[0]).unsqueeze(-1).expand(batch.shape)
+                    batch.set("policy_version", versions.clone())
+                    batch.set(("next", "policy_version"), versions.clone())
                 if not self.options.track_traj_ids:
                     batch = batch.exclude(TRAJ_KEY)
                 self.frames += batch.numel()
@@ -169,6 +235,21 @@ class CollectorBase:
     def _policy_module(self):
         return None
 
+    @property
+    def policy_version(self) -> int:
+        """The version of the policy's weights: 0 at first, one more for every weight update."""
+        return self._local_version
+
+    def get_policy_version(self) -> int:
+        return self.policy_version
+
+    def increment_version(self) -> None:
+        self._local_version += 1
+
+    def _frame_versions(self, n_envs: int) -> torch.Tensor:
+        """int64 ``[n_envs]``: the weights version each env of the last batch was stepped with."""
+        return torch.full((n_envs,), self.policy_version, dtype=torch.int64)
+
     def _restart_trajectories(self, rows=None) -> None:
         """The envs in ``rows`` (default: all) start new episodes: new trajectory ids, returns and lengths
         counted from zero."""
@@ -196,10 +277,16 @@ class CollectorBase:
     def _shutdown(self) -> None:
         raise NotImplementedError
 
-    def shutdown(self) -> None:
-        """Stop everything the collector started; idempotent."""
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Stop everything the collector started; idempotent (TorchRL's arguments are accepted: workers get a few
+        seconds to leave, then are killed; the collector's envs are always closed)."""
         if self._closed:
             return
+        if self._background is not None and threading.current_thread() is not self._background:
+            self._stopping = True
+            self._running.set()
+            self._background.join(timeout)
+            self._background = None
         self._closed = True
         self._recycler.clear()
         self._shutdown()

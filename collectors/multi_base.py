@@ -175,6 +175,22 @@ class ProcessCollector(CollectorBase):
         self._weights.publish(policy_weights if policy_weights is not None else self.policy)
 
     @property
+    def policy_version(self) -> int:
+        """The version of the shared weights: 0 at first, one more for every :meth:`update_policy_weights_`."""
+        return int(self._weights.version) if self._weights is not None else self._local_version
+
+    def increment_version(self) -> None:
+        if self._weights is not None:
+            self._weights.version += 1
+        else:
+            self._local_version += 1
+
+    def _frame_versions(self, n_envs: int) -> torch.Tensor:
+        rows = self._batch_rows or range(n_envs)
+        workers = [w for w in range(self.num_workers) if self._rows(w).start in rows]
+        return torch.cat([self._versions_tensor[w].clamp(min=0).expand(self.envs_per_worker[w]) for w in workers])
+
+    @property
     def weight_versions(self) -> list[int]:
         """The weights version each worker acted with in its last batch (0 = the initial weights)."""
         return self._versions_tensor.tolist()

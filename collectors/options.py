@@ -46,7 +46,9 @@ NO_EFFECT_ON_CPU = ("no_cuda_sync",)
 class BatchOptions:
     """What the main process does to each batch ``[*batch_dims, T]`` before yielding it, in TorchRL's order:
     ``set_truncated`` (the last step of every row ends its trajectory: ``("next", "truncated")`` and
-    ``("next", "done")`` set), ``track_traj_ids`` (``("collector", "traj_ids")``), ``split_trajs``, the storing
+    ``("next", "done")`` set), ``track_traj_ids`` (``("collector", "traj_ids")``), ``track_policy_version``
+    (``"policy_version"`` and ``("next", "policy_version")``: int64, the weights version each frame was collected
+    with), ``split_trajs``, the storing
     device, ``postproc``, ``post_collect_hook``; then a ``replay_buffer`` is extended with it (and the iteration
     yields ``None``, as TorchRL's does). ``pre_collect_hook()`` runs before each batch is collected."""
     postproc: Callable | None = None
@@ -57,11 +59,13 @@ class BatchOptions:
     pre_collect_hook: Callable | None = None
     post_collect_hook: Callable | None = None
     update_at_each_batch: bool = False
+    track_policy_version: bool = False
 
 
 def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buffer: bool = True,
                     set_truncated: bool = False, track_traj_ids: bool = True, pre_collect_hook=None,
-                    post_collect_hook=None, update_at_each_batch: bool = False, split_trajs=None,
+                    post_collect_hook=None, update_at_each_batch: bool = False, track_policy_version: bool = False,
+                    split_trajs=None,
                     return_same_td: bool = False, compile_policy=None, cudagraph_policy=None, trust_policy=None,
                     **rest) -> BatchOptions:
     """Check TorchRL's collector arguments (see the module docstring) and return the per-batch ones."""
@@ -73,6 +77,9 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
         default, why = REFUSED[name]
         if value is not default and value != default and not (name == "use_buffers" and value is True):
             raise ValueError(f"{owner} does not support {name}={value!r}: {why}.")
+    if not isinstance(track_policy_version, bool):
+        raise ValueError(f"{owner}: track_policy_version must be True or False (the collector counts the versions "
+                         f"itself), got {type(track_policy_version).__name__}.")
     if cudagraph_policy:
         raise ValueError(f"{owner}: cudagraph_policy={cudagraph_policy!r} needs a CUDA policy device; tdcollect's "
                          "collectors run the policy where policy_device says (CUDA graphs are not supported); "
@@ -90,7 +97,7 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
         if not extend_buffer and (postproc is not None or split_trajs):
             raise TypeError(f"{owner}: postproc and split_trajs need extend_buffer=True with a replay buffer.")
     return BatchOptions(postproc, replay_buffer, bool(extend_buffer), bool(set_truncated), bool(track_traj_ids),
-                        pre_collect_hook, post_collect_hook, bool(update_at_each_batch))
+                        pre_collect_hook, post_collect_hook, bool(update_at_each_batch), bool(track_policy_version))
 
 
 def compiled(policy: Callable, compile_policy) -> Callable:

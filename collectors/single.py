@@ -123,6 +123,7 @@ class Collector(CollectorBase):
             raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
         if policy_weights is not None:
             policy_weights_of(self.policy).update_(policy_weights_of(policy_weights))
+        self.increment_version()
 
     def _shutdown(self) -> None:
         if self.__dict__.get("_owns_env") and not self.env.is_closed:

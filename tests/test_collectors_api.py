@@ -3,6 +3,7 @@ Async collectors, ``cat_results`` layouts, per-batch arguments (postproc, replay
 track_traj_ids), ``set_seed``'s return, ``state_dict``, ``reset``, refused arguments. Where TorchRL's answer is a
 value (a seed, a layout), it is compared with TorchRL's own collector on the same envs."""
 import functools
+import time
 
 import pytest
 import torch
@@ -207,3 +208,39 @@ def test_update_policy_weights_takes_torchrls_keyword(no_leaks):
         next(it)
         collector.update_policy_weights_(policy_or_weights=TensorDict({"bias": torch.tensor([0.0, 1.0, 0.0])}))
         assert (next(it)["action"] == 1).all()
+
+
+def test_start_collects_into_the_buffer_in_the_background_until_async_shutdown(no_leaks):
+    buffer = ReplayBuffer(storage=LazyTensorStorage(10_000))
+    collector = MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, total_frames=-1, replay_buffer=buffer)
+    collector.start()
+    with pytest.raises(RuntimeError, match="started already"):
+        collector.start()
+    deadline = time.monotonic() + 60
+    while len(buffer) < 100 and time.monotonic() < deadline:  # polls the buffer the background thread fills
+        time.sleep(0.01)
+    with collector.pause():
+        held = len(buffer)
+        assert held % 20 == 0
+    collector.async_shutdown()
+    assert collector.frames >= held >= 100
+    with Collector(COUNTING, None, frames_per_batch=10) as plain, pytest.raises(RuntimeError, match="replay_buffer="):
+        plain.start()
+
+
+def test_next_hooks_as_attributes_and_policy_versions(no_leaks):
+    policy = ConstantAction(3, favourite=0)
+    with MultiSyncCollector([COUNTING] * 2, policy, frames_per_batch=10, total_frames=30,
+                            track_policy_version=True) as collector:
+        seen = []
+        collector.post_collect_hook = lambda td: seen.append(td.numel())
+        first = collector.next()
+        assert first["policy_version"].eq(0).all() and first["next", "policy_version"].shape == (2, 5)
+        collector.update_policy_weights_()
+        assert collector.get_policy_version() == collector.policy_version == 1
+        assert collector.next()["policy_version"].eq(1).all()
+        assert collector.next() is not None and collector.next() is None  # total_frames=30: three batches
+        assert seen == [10, 10, 10]
+    with Collector(COUNTING, None, frames_per_batch=10, total_frames=10, track_policy_version=True) as collector:
+        collector.update_policy_weights_()
+        assert collector.next()["policy_version"].eq(1).all()
