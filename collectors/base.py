@@ -23,6 +23,7 @@ from tdcollect.envs.errors import SpecMismatchError
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs
 from tdcollect.envs.recycle import Recycler
 
+from .env_setup import copies_of_torchrl_instances
 from .options import BatchOptions, rounded_steps
 from .policies import policy_module
 from .stats import TRAJ_KEY, TrajectoryTracker
@@ -316,6 +317,7 @@ def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_k
     is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions) and the
     ``nn.Module`` holding its weights (or None)."""
     check_env_device(env_device, owner)
+    create_env_fn = copies_of_torchrl_instances(create_env_fn, owner)
     if num_workers is None:
         num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
     factories = bind_kwargs(*constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner,
@@ -352,6 +354,8 @@ def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, expl
     if not isinstance(exploration_type, ExplorationType):
         raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
                          f", got {exploration_type!r}.")
+    if max_frames_per_traj is not None and max_frames_per_traj <= 0:
+        max_frames_per_traj = None  # TorchRL's -1: no limit
     return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
             "exploration_type": exploration_type, "check_actions": bool(check_actions),
             "check_values": bool(check_values)}

@@ -29,6 +29,32 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
     return env, owned, False
 
 
+class CopyOfEnv:
+    """A constructor that returns a copy of a TorchRL env instance (cloudpickled once, here): how the process
+    collectors take an ``EnvBase`` instance, as TorchRL's do: every worker steps its own copy. Any other
+    instance (a gymnasium, ``dm_env`` or native engine object) must come as a constructor."""
+
+    def __init__(self, env: EnvBase, owner: str):
+        try:
+            self.payload = cloudpickle.dumps(env)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
+            raise TypeError(f"{owner}: the {type(env).__name__} instance cannot be copied to the worker processes "
+                            f"({type(exc).__name__}: {exc}); pass a function that builds it instead.") from exc
+
+    def __call__(self) -> EnvBase:
+        return cloudpickle.loads(self.payload)
+
+
+def copies_of_torchrl_instances(create_env_fn, owner: str):
+    """``create_env_fn`` (one env constructor or a list of them) with each TorchRL env instance replaced by a
+    :class:`CopyOfEnv` (the same instance given twice is pickled once)."""
+    if isinstance(create_env_fn, (list, tuple)):
+        copies: dict[int, CopyOfEnv] = {}
+        return [copies.setdefault(id(fn), CopyOfEnv(fn, owner)) if isinstance(fn, EnvBase) else fn
+                for fn in create_env_fn]
+    return CopyOfEnv(create_env_fn, owner) if isinstance(create_env_fn, EnvBase) else create_env_fn
+
+
 def worker_specs(env: EnvBase) -> EnvSpecs:
     """The specs of one env of a worker's batched ``env``: what a remote collector worker reports at start-up, so
     that the main process can check that every worker steps the same envs (bounds included)."""
