@@ -28,6 +28,8 @@ TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
 PPO_NOTEBOOK = "03_ppo_multisync.ipynb"
+REPLAY_NOTEBOOK = "07_offpolicy_replay_buffer.ipynb"
+REPLAY_TARGET_RETURN = 60  # the greedy DQN policy after 16k frames; a random one averages about 22
 PPO_TARGET_RETURN = 450.0
 
 
@@ -93,6 +95,10 @@ def test_tutorial_runs(path: Path, python3_kernel, no_leaks, record_property):
         result = last_result(nb)
         assert result["final_mean_return"] >= PPO_TARGET_RETURN, result
         assert {"frames", "wall_time_s", "fps"} <= result.keys(), result
+    if path.name == REPLAY_NOTEBOOK:
+        result = last_result(nb)
+        assert result["buffer"] == result["frames"] == 16_000, "every collected frame went into the replay buffer"
+        assert result["greedy_mean_return"] >= REPLAY_TARGET_RETURN, result
 
 
 def test_tutorials_exist():
