@@ -188,11 +188,13 @@ class CollectorBase:
 
     @staticmethod
     def _truncate_last_step(batch: TensorDictBase) -> None:
-        """TorchRL's ``set_truncated``: every trajectory is cut at the end of the batch."""
-        for key in (("next", "truncated"), ("next", "done")):
-            flags = batch.get(key, None)
-            if flags is not None:
-                flags[:, -1] = True
+        """TorchRL's ``set_truncated``: every trajectory is cut at the end of the batch (every ``truncated`` and
+        ``done`` entry under ``"next"``, nested ones included)."""
+        after = batch.get("next")
+        for key in after.keys(True, True):
+            name = key[-1] if isinstance(key, tuple) else key
+            if name in ("truncated", "done"):
+                after.get(key)[:, -1] = True
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch in TorchRL's layout for this collector's arguments (``[n_envs, T]`` here)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torchrl.data import NonTensor
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -51,9 +52,10 @@ class BatchLoop:
         if len(env.batch_size) != 1:
             raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}; "
                              "a batched TorchRL env goes through TorchRL's Collector over a ParallelEnv.")
-        if getattr(env, "_non_tensor_keys", None):
+        non_tensor = [key for key, spec in env.full_observation_spec.items(True, True) if isinstance(spec, NonTensor)]
+        if non_tensor:
             raise ValueError(f"the collector stores tensor entries only; the env has non-tensor entries "
-                             f"{env._non_tensor_keys}: use TorchRL's Collector over a ParallelEnv for it.")
+                             f"{non_tensor}: use TorchRL's Collector over a ParallelEnv for it.")
         self.env, self.policy, self.steps = env, policy, steps
         self.n_envs = env.batch_size[0]
         self.reset_at_each_iter = reset_at_each_iter

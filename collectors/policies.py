@@ -73,6 +73,19 @@ class DirectModule:
         return {key: value for key, value in zip(self.out_keys, outputs) if key != "_"}
 
 
+class OnOneEnv:
+    """Calls a callable policy (not an ``nn.Module``) on the one env of a wrapped unbatched env as TorchRL's
+    collectors do: on a TensorDict without batch dim (``[1]`` -> ``[]``), its outputs given the dim back. Such
+    policies (e.g. TorchRL's ``RandomPolicy(spec)``) may ignore the batch shape."""
+
+    def __init__(self, policy: Callable):
+        self.policy = policy
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        out = self.policy(td[0].clone(recurse=False))
+        return td.update(out.unsqueeze(0))
+
+
 class OnDevice:
     """Runs ``policy`` on ``device``: inputs go there through a pinned staging copy, outputs come back."""
 
@@ -93,10 +106,14 @@ class OnDevice:
         return td.update(out.to("cpu"))
 
 
-def make_policy(policy, full_action_spec, policy_device=None, observation_key="observation") -> Callable:
-    """The callable the collector loop calls once per step (see the module docstring)."""
+def make_policy(policy, full_action_spec, policy_device=None, observation_key="observation",
+                unbatched: bool = False) -> Callable:
+    """The callable the collector loop calls once per step (see the module docstring). ``unbatched``: the env
+    is an unbatched one wrapped with batch ``[1]``; a policy that is not an ``nn.Module`` then runs on ``[]``."""
     if policy is None:
         return RandomPolicy(full_action_spec)
+    if unbatched and callable(policy) and not isinstance(policy, nn.Module):
+        policy = OnOneEnv(policy)
     if (type(policy) is TensorDictModule and list(policy.out_keys) == list(policy.out_keys_source)
             and policy.inplace is True):
         policy = DirectModule(policy)
@@ -117,7 +134,7 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_key="o
 
 def policy_module(policy) -> nn.Module | None:
     """The ``nn.Module`` holding the policy's weights, if any."""
-    if isinstance(policy, OnDevice):
+    if isinstance(policy, (OnDevice, OnOneEnv)):
         policy = policy.policy
     if isinstance(policy, DirectModule):
         policy = policy.td_module

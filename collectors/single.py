@@ -85,8 +85,8 @@ class Collector(CollectorBase):
         self.env, self._owns_env, self._unbatched = make_batched_env(create_env_fn, "Collector")
         try:
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
-            self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device),
-                                   compile_policy)
+            self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device,
+                                               unbatched=self._unbatched), compile_policy)
             self._module = policy_module(policy) if policy is not None else None
             self._loop = BatchLoop(self.env, self.policy, steps, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))

@@ -52,7 +52,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reference", action="store_true", help="run TorchRL's own classes instead")
     args = parser.parse_args(argv)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-               TDSWAP="torchrl" if args.reference else "ours", TDSWAP_SUITE=args.suite)
+               TDSWAP="torchrl" if args.reference else "ours", TDSWAP_SUITE=args.suite,
+               # some tests start `python` themselves: this one
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if args.suite == "envs":
         env["TDSWAP_ONLY_PARALLEL"] = "1"
     else:
