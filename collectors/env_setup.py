@@ -71,7 +71,8 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
     env, _, unbatched = make_batched_env(factory, owner)
     try:
         user_policy = cloudpickle.loads(policy_payload) if policy_payload is not None else None
-        policy = make_policy(user_policy, env.full_action_spec, policy_device, unbatched=unbatched)
+        policy = make_policy(user_policy, env.full_action_spec, policy_device, env.full_observation_spec,
+                             unbatched=unbatched)
         module = policy_module(user_policy)  # the user's module, as the shared weights were taken from it
     except BaseException:
         env.close()

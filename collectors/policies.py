@@ -6,6 +6,7 @@ the action tensor; any callable on a TensorDict; ``None`` (random actions from t
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -106,7 +107,31 @@ class OnDevice:
         return td.update(out.to("cpu"))
 
 
-def make_policy(policy, full_action_spec, policy_device=None, observation_key="observation",
+def auto_wrapped(module: nn.Module, observation_spec, action_keys: list) -> Callable:
+    """A plain ``nn.Module`` (tensors in, tensors out) made a TensorDict policy, as TorchRL's collectors do: when
+    the names of its ``forward`` arguments are observation keys, a ``TensorDictModule`` reading them and writing
+    the action (and ``"output1"``, ``"output2"``, ... for the further outputs of a tuple); a one-argument module
+    with other names maps ``"observation"`` to the action; a ``forward(tensordict)`` is called on the
+    TensorDict."""
+    params = inspect.signature(module.forward).parameters
+    if set(params) in ({"tensordict"}, {"td"}):
+        return module
+    required = [name for name, p in params.items() if p.default is inspect.Parameter.empty]
+    observations = {key for key in observation_spec.keys() if isinstance(key, str)}
+    if required and set(required) <= observations:
+        in_keys = [name for name in params if name in observations]
+        with torch.no_grad():
+            probe = module(**{key: observation_spec[key].zero() for key in in_keys})
+        extra = [f"output{i + 1}" for i in range(len(probe) - 1)] if isinstance(probe, tuple) else []
+        return TensorDictModule(module, in_keys=in_keys, out_keys=[*action_keys[:1], *extra])
+    if len(required) == 1:
+        return ObservationToAction(module, "observation", action_keys[0] if action_keys else "action")
+    raise TypeError(f"the policy {type(module).__name__}.forward({', '.join(params)}) cannot be wrapped: its "
+                    f"arguments must be observation keys ({sorted(observations)}), or one tensor (the "
+                    "observation); or pass a TensorDictModule.")
+
+
+def make_policy(policy, full_action_spec, policy_device=None, observation_spec=None,
                 unbatched: bool = False) -> Callable:
     """The callable the collector loop calls once per step (see the module docstring). ``unbatched``: the env
     is an unbatched one wrapped with batch ``[1]``; a policy that is not an ``nn.Module`` then runs on ``[]``."""
@@ -114,11 +139,12 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_key="o
         return RandomPolicy(full_action_spec)
     if unbatched and callable(policy) and not isinstance(policy, nn.Module):
         policy = OnOneEnv(policy)
+    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
+        policy = (ObservationToAction(policy) if observation_spec is None
+                  else auto_wrapped(policy, observation_spec, list(full_action_spec.keys(True, True))))
     if (type(policy) is TensorDictModule and list(policy.out_keys) == list(policy.out_keys_source)
             and policy.inplace is True):
         policy = DirectModule(policy)
-    if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
-        policy = ObservationToAction(policy, observation_key)
     elif not callable(policy):
         raise TypeError(
             f"policy must be a TensorDictModule, an nn.Module (observation -> action), a callable on a "

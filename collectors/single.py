@@ -86,7 +86,7 @@ class Collector(CollectorBase):
         try:
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
             self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device,
-                                               unbatched=self._unbatched), compile_policy)
+                                               self.env.full_observation_spec, self._unbatched), compile_policy)
             self._module = policy_module(policy) if policy is not None else None
             self._loop = BatchLoop(self.env, self.policy, steps, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))
@@ -122,7 +122,8 @@ class Collector(CollectorBase):
         if kwargs:
             raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
         if policy_weights is not None:
-            policy_weights_of(self.policy).update_(policy_weights_of(policy_weights))
+            policy_weights_of(self._module if self._module is not None else self.policy).update_(
+                policy_weights_of(policy_weights))
         self.increment_version()
 
     def _shutdown(self) -> None:

@@ -36,7 +36,7 @@ def test_policy_raising_in_a_worker(no_leaks):
         calls["n"] += 1
         if calls["n"] > 3:
             raise ZeroDivisionError("policy blew up")
-        return td.set("action", torch.zeros(td.shape[0], dtype=torch.int64))
+        return td.set("action", torch.zeros(td.shape, dtype=torch.int64))  # [] per env: TorchRL's layout
 
     with pytest.raises(EnvWorkerError, match=r"worker \d raised ZeroDivisionError.*policy blew up"):
         with MultiSyncCollector([CountingEnv] * 2, policy, frames_per_batch=20, total_frames=40) as collector:
