@@ -349,7 +349,7 @@ def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str
 
 
 def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
-                 check_actions: bool, check_values: bool = False) -> dict:
+                 check_actions: bool | str, check_values: bool = False) -> dict:
     """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
     from torchrl.envs.utils import ExplorationType
 
@@ -359,5 +359,6 @@ def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, expl
     if max_frames_per_traj is not None and max_frames_per_traj <= 0:
         max_frames_per_traj = None  # TorchRL's -1: no limit
     return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
-            "exploration_type": exploration_type, "check_actions": bool(check_actions),
+            "exploration_type": exploration_type,
+            "check_actions": check_actions if check_actions == "bounds" else bool(check_actions),
             "check_values": bool(check_values)}

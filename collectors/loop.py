@@ -40,14 +40,15 @@ class BatchLoop:
     Options (as in TorchRL): ``reset_at_each_iter``, ``max_frames_per_traj``, ``exploration_type`` (the
     interaction type the policy runs under, default ``ExplorationType.RANDOM``: stochastic actors sample);
     ``check_actions`` (default True): every step's actions are checked against the action spec (shape,
-    dtype, values in bounds, floats finite) before they reach the envs, else only the first step's;
+    dtype, integer actions in range, floats finite; ``"bounds"``: continuous bounds too) before they reach the
+    envs, else only the first step's;
     ``check_values`` (default False): a batch whose observations or rewards hold NaN or an infinity is a
     ``ValueError`` naming the env (its row) and the key.
     """
 
     def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False, inference_mode: bool = False,
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False):
         if len(env.batch_size) != 1:
             raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}; "
@@ -61,7 +62,9 @@ class BatchLoop:
         self.reset_at_each_iter = reset_at_each_iter
         self.max_frames_per_traj = max_frames_per_traj
         self.exploration_type = exploration_type
-        self.check_actions, self.check_values = check_actions, check_values
+        self.check_actions, self.check_values = bool(check_actions), check_values
+        #: what write_actions checks: continuous bounds too only with check_actions="bounds"
+        self.action_check = True if check_actions == "bounds" else "finite"
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
         self.traj_steps = np.zeros(self.n_envs, dtype=np.int64)
         self.lean = isinstance(env, BatchedEnv)
@@ -157,7 +160,7 @@ class BatchLoop:
             out = self.policy(self.policy_in.clone(recurse=False))  # the root buffer's leaves, in a new TD
         actions = [out.get(key) for key in self.action_keys]
         if (self.check_actions and not random) or (self._first and t == 0):
-            env.write_actions(out, check=True)  # shape, dtype, values
+            env.write_actions(out, check=self.action_check)  # shape, dtype, values
         else:
             torch._foreach_copy_(self.action_buffers, actions)
         self.recorder.record_root(t)

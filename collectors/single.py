@@ -42,8 +42,9 @@ class Collector(CollectorBase):
             arguments refused, each with its reason).
         exploration_type: the interaction type the policy runs under, as in TorchRL (default
             ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
-        check_actions: check every step's actions against the action spec (shape, dtype, bounds, NaN/inf)
-            before they reach the envs (default True); False checks the first step only.
+        check_actions: check every step's actions against the action spec before they reach the envs (default
+            True: shape, dtype, integer and one-hot actions in range, no NaN/inf; ``"bounds"``: the bounds of
+            continuous specs too, which TorchRL's collectors do not enforce); False checks the first step only.
         check_values: opt-in (default False): a batch whose observations or rewards hold NaN or an infinity is a
             ``ValueError`` naming the env and the key (shapes, ``None`` and values that do not fit the buffers'
             dtypes are refused always).
@@ -68,7 +69,7 @@ class Collector(CollectorBase):
                  device=None, env_device=None, policy_device=None, storing_device=None,
                  split_trajs: bool = False, reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False, return_same_td: bool = False, create_env_kwargs: dict | None = None,
                  policy_factory=None, compile_policy=None, backend=None, num_collectors=None, sync=None,
                  **torchrl_kwargs):

@@ -9,11 +9,12 @@ from tensordict import TensorDictBase
 from torchrl.data import OneHot
 
 
-def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], value_checks: dict, check: bool,
+def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], value_checks: dict, check: bool | str,
                     owner: str) -> list[torch.Tensor]:
     """The action entries of ``tensordict`` for ``n`` envs, in the order of ``slots`` (``(key, buffer [N, ...],
     spec)`` per action key), after checking their shape, dtype and (when ``check``) values with
-    ``value_checks[key]``.
+    ``value_checks[key]``; ``check="finite"`` checks floating-point actions for NaN and infinities only (not the
+    bounds of a continuous spec, which TorchRL's collectors do not enforce), integer ones against their spec.
 
     Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected.
     """
@@ -33,7 +34,11 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
             )
         if value.dtype != buffer.dtype:
             value = cast_action(key, value, buffer.dtype, check)
-        if check and not value_checks[key](value):
+        if check == "finite" and value.dtype.is_floating_point:
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"{key!r} holds NaN or infinite values; nothing was sent to the envs. A policy that "
+                                 "diverged?")
+        elif check and not value_checks[key](value):
             raise ValueError(
                 f"{key!r} holds values outside its spec ({bounds(spec)}"
                 f"{', NaN and infinities excluded' if value.dtype.is_floating_point else ''}); nothing was "

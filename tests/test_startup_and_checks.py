@@ -88,8 +88,9 @@ class DivergingContinuous(nn.Module):
 
 
 CASES = {
-    "discrete": (functools.partial(CountingEnv, episode_len=100), DivergingDiscrete, r"integers in \[0, 2\]"),
-    "continuous": (ContinuousCountingEnv, DivergingContinuous, r"values in \[-1, 1\], NaN and infinities excluded"),
+    "discrete": (functools.partial(CountingEnv, episode_len=100), DivergingDiscrete,
+                 r"'action' holds values outside its spec \(integers in \[0, 2\]\)"),
+    "continuous": (ContinuousCountingEnv, DivergingContinuous, r"'action' holds NaN or infinite values"),
 }
 
 
@@ -97,7 +98,7 @@ CASES = {
 def test_collector_checks_every_steps_actions(case, no_leaks):
     factory, policy, expected = CASES[case]
     with Collector(SerialEnv(2, factory), policy(), frames_per_batch=20, total_frames=40) as collector:
-        with pytest.raises(ValueError, match=r"'action' holds values outside its spec \(" + expected):
+        with pytest.raises(ValueError, match=expected):
             next(iter(collector))
 
 
@@ -105,9 +106,25 @@ def test_collector_checks_every_steps_actions(case, no_leaks):
 def test_multisync_checks_every_steps_actions(case, no_leaks):
     factory, policy, expected = CASES[case]
     collector = MultiSyncCollector([factory] * 2, policy(), frames_per_batch=20, total_frames=40)
-    with pytest.raises(EnvWorkerError, match=r"raised ValueError during collection: 'action' holds values outside"):
+    with pytest.raises(EnvWorkerError, match=r"raised ValueError during collection: " + expected):
         next(iter(collector))
     collector.shutdown()
+
+
+class OutOfBounds(nn.Module):
+    """Action 1.5: finite, past the spec's [-1, 1] (Gaussian exploration noise does this)."""
+
+    def forward(self, obs):
+        return torch.full_like(obs[..., :1], 1.5)
+
+
+def test_continuous_bounds_are_the_envs_unless_asked(no_leaks):
+    with Collector(SerialEnv(2, ContinuousCountingEnv), OutOfBounds(), frames_per_batch=20, total_frames=20) as c:
+        assert (next(iter(c))["action"] == 1.5).all(), "as in TorchRL, the env receives the policy's action"
+    with Collector(SerialEnv(2, ContinuousCountingEnv), OutOfBounds(), frames_per_batch=20, total_frames=20,
+                   check_actions="bounds") as collector:
+        with pytest.raises(ValueError, match=r"'action' holds values outside its spec \(values in \[-1, 1\]"):
+            next(iter(collector))
 
 
 def test_check_actions_false_checks_the_first_step_only(no_leaks):
