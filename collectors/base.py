@@ -159,7 +159,9 @@ class CollectorBase:
                 if bar is not None:
                     bar.update(batch.numel())
                     bar.set_postfix(fps=f"{batch.numel() / (time.perf_counter() - start):,.0f}")
-                yield self._finish(self._shaped(batch))
+                batch = self._shaped(batch)
+                batch.refine_names(..., "time")  # TorchRL's dim names: time is the last dim
+                yield self._finish(batch)
         finally:
             if bar is not None:
                 bar.close()
