@@ -28,14 +28,14 @@ class MultiAsyncCollector(ProcessCollector):
     per_worker_batches = True
 
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
-                 cat_results=None, **kwargs):
+                 num_workers: int | None = None, cat_results=None, **kwargs):
         if cat_results is not None:
             raise ValueError(f"{self.owner} yields one worker's batch at a time: cat_results applies to "
                              "MultiSyncCollector only.")
         self._in_flight: list[int] = []
         self._same: dict[int, TensorDictBase] = {}
         self._last_worker = 0
-        super().__init__(create_env_fn, policy, frames_per_batch, total_frames, **kwargs)
+        super().__init__(create_env_fn, policy, frames_per_batch, total_frames, num_workers=num_workers, **kwargs)
         self._tracker = TrajectoryTracker(sum(self.envs_per_worker))
 
     def _start(self, workers: list[int]) -> None:
@@ -103,6 +103,6 @@ class AsyncCollector(MultiAsyncCollector):
                 raise ValueError(f"AsyncCollector runs one worker: pass one env constructor, got "
                                  f"{len(create_env_fn)} (use MultiAsyncCollector for several).")
             create_env_fn = create_env_fn[0]
-        if kwargs.pop("num_workers", 1) != 1:
+        if kwargs.pop("num_workers", None) not in (None, 1):
             raise ValueError("AsyncCollector runs one worker; use MultiAsyncCollector for several.")
         super().__init__([create_env_fn], policy, frames_per_batch, total_frames, **kwargs)

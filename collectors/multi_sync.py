@@ -47,14 +47,14 @@ class MultiSyncCollector(ProcessCollector):
     owner = "MultiSyncCollector"
 
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
-                 cat_results: str | int | None = None, **kwargs):
+                 num_workers: int | None = None, cat_results: str | int | None = None, **kwargs):
         if not (cat_results is None or cat_results == "stack"
                 or (isinstance(cat_results, int) and not isinstance(cat_results, bool))):
             raise ValueError(f"cat_results must be 'stack' or an int (the dim to concatenate along), got "
                              f"{cat_results!r}.")
         self.cat_results = "stack" if cat_results is None else cat_results
         self._same: TensorDictBase | None = None  # the batch yielded every time with return_same_td
-        super().__init__(create_env_fn, policy, frames_per_batch, total_frames, **kwargs)
+        super().__init__(create_env_fn, policy, frames_per_batch, total_frames, num_workers=num_workers, **kwargs)
 
     def _collect(self, random: bool) -> TensorDictBase:
         """Run one collection on every worker. Failed workers are replaced while ``max_restarts`` allows and

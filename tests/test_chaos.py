@@ -217,7 +217,8 @@ def _nested_counting():
 def test_nested_parallel_env_in_a_collector_survives_kills_at_both_levels(no_leaks):
     """A MultiSyncCollector whose workers step a ParallelEnv each: kills land on collector workers and on their
     env workers; batches stay full and every step counts on or ends."""
-    collector = MultiSyncCollector([_nested_counting] * 2, frames_per_batch=80, max_restarts=BUDGET)
+    collector = MultiSyncCollector([_nested_counting] * 2, frames_per_batch=80, max_restarts=BUDGET,
+                                   cat_results=0)  # [all envs, T]
     killer = Killer(collector, _descendants)
     with collector:
         assert _collect_under_kills(collector, killer) > 2

@@ -133,7 +133,8 @@ def _nested():
 
 
 def test_nested_parallel_env_in_collector_soak_every_frame_checked(no_leaks):
-    collector = MultiSyncCollector([_nested] * 2, None, frames_per_batch=3200, total_frames=1_280_000)
+    collector = MultiSyncCollector([_nested] * 2, None, frames_per_batch=3200, total_frames=1_280_000,
+                                   cat_results=0)  # [all envs, T]
     with collector:
         frames = 0
         for i, batch in enumerate(collector):
