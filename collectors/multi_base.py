@@ -25,7 +25,7 @@ from .base import CollectorBase, check_same_entries, loop_options, prepare_worke
 from .loop import DEFAULT_EXPLORATION_TYPE
 from .options import rounded_steps, torchrl_options
 from .policies import one_policy
-from .weights import SharedWeights
+from .weights import SharedWeights, requested_weights
 from .worker import run_collector_worker
 
 
@@ -166,10 +166,8 @@ class ProcessCollector(CollectorBase):
         """Copy the policy's current weights (or ``policy_weights``, a TensorDict or a module of the same
         structure; TorchRL's ``policy_or_weights``) into the shared copy; every worker acts with them from its
         next batch on (see ``weight_versions``)."""
-        policy_weights = kwargs.pop("policy_or_weights", policy_weights)
-        kwargs.pop("worker_ids", None)  # the weights are shared: every worker gets them
-        if kwargs:
-            raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
+        # worker_ids is dropped: the weights are shared, every worker gets them
+        policy_weights = requested_weights(policy_weights, kwargs, ignored=("worker_ids",))
         if self._weights is None:
             return
         self._weights.publish(policy_weights if policy_weights is not None else self.policy)

@@ -12,7 +12,7 @@ from .env_setup import make_batched_env
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
 from .options import compiled, torchrl_options
 from .policies import make_policy, one_policy, policy_module
-from .weights import policy_weights_of
+from .weights import policy_weights_of, requested_weights
 
 
 class Collector(CollectorBase):
@@ -119,9 +119,7 @@ class Collector(CollectorBase):
         """The policy runs in this process, so it always acts with its current weights; with
         ``policy_weights`` (a TensorDict or a module of the same structure; TorchRL's ``policy_or_weights``),
         those are copied into it first."""
-        policy_weights = kwargs.pop("policy_or_weights", policy_weights)
-        if kwargs:
-            raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
+        policy_weights = requested_weights(policy_weights, kwargs)
         if policy_weights is not None:
             policy_weights_of(self._module if self._module is not None else self.policy).update_(
                 policy_weights_of(policy_weights))

@@ -28,6 +28,17 @@ def policy_weights_of(source) -> TensorDictBase:
     return TensorDict.from_module(module).data
 
 
+def requested_weights(policy_weights, kwargs: dict, ignored: tuple[str, ...] = ()):
+    """The weights an ``update_policy_weights_`` call asks for: ``policy_weights`` or TorchRL's keyword
+    ``policy_or_weights``; the keywords in ``ignored`` are accepted and dropped, any other is a ``TypeError``."""
+    weights = kwargs.pop("policy_or_weights", policy_weights)
+    for name in ignored:
+        kwargs.pop(name, None)
+    if kwargs:
+        raise TypeError(f"update_policy_weights_ got unexpected arguments {sorted(kwargs)}.")
+    return weights
+
+
 class SharedWeights:
     def __init__(self, module):
         self.params = in_shared_memory(policy_weights_of(module).to("cpu").clone(), "the policy's shared weights")
