@@ -27,12 +27,14 @@ from .env_setup import copies_of_torchrl_instances
 from .options import BatchOptions, rounded_steps
 from .policies import policy_module
 from .stats import TRAJ_KEY, TrajectoryTracker
+from .trajectories import TrajectoryAssembler
 
 
 class CollectorBase:
     def __init__(self, frames_per_batch: int, total_frames: int, *, split_trajs: bool = False,
                  init_random_frames: int = 0, storing_device=None, progress_bar: bool = False,
-                 return_same_td: bool = False, options: BatchOptions | None = None):
+                 return_same_td: bool = False, options: BatchOptions | None = None,
+                 reset_at_each_iter: bool = False):
         if not isinstance(frames_per_batch, int) or isinstance(frames_per_batch, bool) or frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}.")
         if total_frames is None or total_frames == 0 or (total_frames < 0 and total_frames != -1):
@@ -46,6 +48,8 @@ class CollectorBase:
         self.storing_device = None if storing_device is None else torch.device(storing_device)
         self.progress_bar = progress_bar
         self.return_same_td = bool(return_same_td)
+        self._resets_each_batch = bool(reset_at_each_iter)
+        self._assembler: TrajectoryAssembler | None = None  # with trajs_per_batch, while iterating
         #: memory for the batches, reused once the caller holds no batch over it (``tdcollect/envs/recycle.py``)
         self._recycler = Recycler()
         self.frames = 0
@@ -128,6 +132,19 @@ class CollectorBase:
         if self._closed:
             raise RuntimeError(f"this {type(self).__name__} is shut down (by shutdown(), or after a worker failure "
                                "it could not recover from); create a new one.")
+        if self.options.trajs_per_batch is not None:
+            yield from self._whole_trajectories(self._frame_batches())
+            return
+        for batch in self._frame_batches():
+            if self.replay_buffer is None:
+                yield batch
+                continue
+            self._write_to_buffer(batch)
+            yield None  # TorchRL's collectors yield None when the batch went into the replay buffer
+
+    def _frame_batches(self):
+        """The fixed-frame batches, each in TorchRL's layout and through TorchRL's per-batch steps (see
+        :class:`BatchOptions`), before any replay buffer."""
         bar = self._make_bar()
         try:
             while self.total_frames == -1 or self.frames < self.total_frames:
@@ -166,9 +183,8 @@ class CollectorBase:
             if bar is not None:
                 bar.close()
 
-    def _finish(self, batch: TensorDictBase) -> TensorDictBase | None:
-        """TorchRL's steps after a batch is collected (see :class:`BatchOptions`); ``None`` when it went into the
-        replay buffer."""
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        """TorchRL's steps after a batch is collected (see :class:`BatchOptions`), but the replay buffer."""
         if self.split_trajs:
             from torchrl.collectors.utils import split_trajectories
 
@@ -179,14 +195,58 @@ class CollectorBase:
             batch = self.postproc(batch)
         if self.options.post_collect_hook is not None:
             self.options.post_collect_hook(batch)
-        if self.replay_buffer is None:
-            return batch
-        if self.options.extend_buffer:
-            self.replay_buffer.extend(batch.reshape(-1) if batch.ndim > 1 else batch)
+        return batch
+
+    def _whole_trajectories(self, frame_batches):
+        """TorchRL's ``trajs_per_batch``: batches of whole trajectories (``collectors/trajectories.py``), or, with
+        a replay buffer, every finished trajectory written flat into it (yielding ``None`` per frame batch)."""
+        options = self.options
+        self._assembler = TrajectoryAssembler(options.trajs_per_batch, options.traj_format, options.trajs_per_write)
+        for batch in frame_batches:
+            self._assembler.add(batch)
+            if self._resets_each_batch and not options.set_truncated:
+                self._assembler.drop_pending()  # the envs restart: those episodes never finish
+            if self.replay_buffer is not None:
+                for trajectory in self._assembler.writes():
+                    self._extend_buffer(trajectory)
+                yield None
+            else:
+                yield from self._assembler.batches()
+
+    def _write_to_buffer(self, batch: TensorDictBase) -> None:
+        """A batch into the replay buffer as TorchRL writes it. Envs stepped one by one (unbatched): every step is
+        an item. Batched envs: with ``extend_buffer`` each env's row of ``T`` steps is an item; without it, every
+        step of one env batch ``[n]`` is added as it is (TorchRL adds them while collecting)."""
+        envs = self._envs_per_buffer_write()
+        if envs is None:
+            self._extend_buffer(batch.reshape(-1))
+        elif self.options.extend_buffer:
+            self._extend_buffer(batch.reshape(-1, batch.shape[-1]))
         else:
-            for row in batch.reshape(-1, batch.shape[-1]) if batch.ndim > 1 else batch.unsqueeze(0):
-                self.replay_buffer.extend(row)
+            for group in batch.reshape(-1, batch.shape[-1]).split(envs):
+                for t in range(group.shape[-1]):
+                    self._extend_buffer(group[:, t], one_item=True)
+
+    def _envs_per_buffer_write(self) -> int | None:
+        """The envs of one TorchRL write (one worker's env batch); None when the envs are stepped one by one."""
         return None
+
+    def _extend_buffer(self, data: TensorDictBase, one_item: bool = False) -> None:
+        """``replay_buffer.extend(data)`` (``add`` for ``one_item``); data without a device gets the storage's
+        (no copy: the collector's data is where the storage is, or the storage moves it anyway)."""
+        storage = getattr(self.replay_buffer, "storage", None)
+        device = getattr(storage, "device", None)
+        if data.device is None and isinstance(device, (torch.device, str)) and device != "auto":
+            data = data.to(device)
+        if one_item:
+            self.replay_buffer.add(data)
+        else:
+            self.replay_buffer.extend(data)
+
+    # TorchRL's attribute names for the whole-trajectory arguments
+    trajs_per_batch = property(lambda self: self.options.trajs_per_batch)
+    trajs_per_write = property(lambda self: self.options.trajs_per_write)
+    traj_format = property(lambda self: self.options.traj_format)
 
     @staticmethod
     def _truncate_last_step(batch: TensorDictBase) -> None:
@@ -259,7 +319,10 @@ class CollectorBase:
         """The envs in ``rows`` (default: all) start new episodes: new trajectory ids, returns and lengths
         counted from zero."""
         if self._tracker is not None:
-            self._tracker.restart(range(len(self._tracker.current)) if rows is None else rows)
+            rows = range(len(self._tracker.current)) if rows is None else rows
+            if self._assembler is not None:  # their unfinished episodes never finish
+                self._assembler.drop_pending(self._tracker.current[list(rows)].tolist())
+            self._tracker.restart(rows)
 
     def _make_bar(self):
         if not self.progress_bar:

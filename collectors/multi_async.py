@@ -21,7 +21,8 @@ class MultiAsyncCollector(ProcessCollector):
     The workers keep collecting while the caller uses a batch, so a batch may have been collected with weights
     older than the last :meth:`update_policy_weights_` (``weight_versions`` says which; ``update_at_each_batch``
     publishes the policy's weights before each worker starts its next batch). The arguments are
-    :class:`~tdcollect.collectors.MultiSyncCollector`'s, but for ``cat_results`` (batches are never merged).
+    :class:`~tdcollect.collectors.MultiSyncCollector`'s, but for ``cat_results`` (batches are never
+    merged: only ``None`` / ``"stack"``).
     """
 
     owner = "MultiAsyncCollector"
@@ -29,9 +30,9 @@ class MultiAsyncCollector(ProcessCollector):
 
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
                  num_workers: int | None = None, cat_results=None, **kwargs):
-        if cat_results is not None:
-            raise ValueError(f"{self.owner} yields one worker's batch at a time: cat_results applies to "
-                             "MultiSyncCollector only.")
+        if cat_results not in (None, "stack"):  # one worker's batch is in the "stack" layout already
+            raise ValueError(f"{self.owner} yields one worker's batch at a time: cat_results={cat_results!r} applies "
+                             "to MultiSyncCollector only (leave it unset or 'stack').")
         self._in_flight: list[int] = []
         self._same: dict[int, TensorDictBase] = {}
         self._last_worker = 0

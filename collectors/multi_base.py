@@ -89,7 +89,7 @@ class ProcessCollector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
-                         return_same_td=return_same_td, options=options)
+                         return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter)
         policy = one_policy(policy, policy_factory, owner)
         pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
                                                    env_device, owner, "worker")
@@ -146,6 +146,9 @@ class ProcessCollector(CollectorBase):
         answers = self._pool.call("set_seed", [(seeds[self._rows(w)[0]], static_seed)
                                                for w in range(self.num_workers)])
         return answers[-1]
+
+    def _envs_per_buffer_write(self) -> int | None:
+        return None if all(self._handshake.unbatched) else self.envs_per_worker[0]
 
     def reset(self, reset_idx=None) -> None:
         """Every env of the workers flagged in ``reset_idx`` (a sequence of bools, one per worker; default: all)

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .trajectories import check_trajectory_options
+
 #: TorchRL arguments refused when given a value other than their default: ``{name: (default, why / what instead)}``
 REFUSED: dict[str, tuple[Any, str]] = {
     "reset_when_done": (True, "tdcollect's envs always reset a finished env in the same step (TorchRL's default)"),
@@ -23,10 +25,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "interruptor": (None, "preemption is not supported: every worker collects its whole share of each batch"),
     "preemptive_threshold": (None, "preemption is not supported: every worker collects its whole share of each "
                                    "batch"),
-    "trajs_per_batch": (None, "batches are counted in frames; pass frames_per_batch (use split_trajs=True to get "
-                              "whole trajectories as rows)"),
-    "trajs_per_write": (None, "batches are counted in frames; pass frames_per_batch"),
-    "traj_format": (None, "batches are counted in frames; pass frames_per_batch"),
     "weight_updater": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "weight_sync_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "weight_recv_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
@@ -60,6 +58,10 @@ class BatchOptions:
     post_collect_hook: Callable | None = None
     update_at_each_batch: bool = False
     track_policy_version: bool = False
+    #: TorchRL's whole-trajectory batches (``tdcollect/collectors/trajectories.py``); None: fixed-frame batches
+    trajs_per_batch: int | None = None
+    trajs_per_write: int | None = None
+    traj_format: str = "padded"
 
 
 def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buffer: bool = True,
@@ -67,7 +69,7 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
                     post_collect_hook=None, update_at_each_batch: bool = False, track_policy_version: bool = False,
                     split_trajs=None,
                     return_same_td: bool = False, compile_policy=None, cudagraph_policy=None, trust_policy=None,
-                    **rest) -> BatchOptions:
+                    trajs_per_batch=None, trajs_per_write=None, traj_format=None, **rest) -> BatchOptions:
     """Check TorchRL's collector arguments (see the module docstring) and return the per-batch ones."""
     for name, value in rest.items():
         if name in NO_EFFECT_ON_CPU:
@@ -96,8 +98,14 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
             raise TypeError(f"{owner}: return_same_td must be False when a replay buffer is passed.")
         if not extend_buffer and (postproc is not None or split_trajs):
             raise TypeError(f"{owner}: postproc and split_trajs need extend_buffer=True with a replay buffer.")
+    traj_format = check_trajectory_options(trajs_per_batch, trajs_per_write, traj_format, replay_buffer is not None,
+                                           owner)
+    if trajs_per_batch is not None and (split_trajs or not track_traj_ids):
+        raise ValueError(f"{owner}: trajs_per_batch assembles trajectories by their ids: leave split_trajs=False and "
+                         "track_traj_ids=True.")
     return BatchOptions(postproc, replay_buffer, bool(extend_buffer), bool(set_truncated), bool(track_traj_ids),
-                        pre_collect_hook, post_collect_hook, bool(update_at_each_batch), bool(track_policy_version))
+                        pre_collect_hook, post_collect_hook, bool(update_at_each_batch), bool(track_policy_version),
+                        trajs_per_batch, trajs_per_write, traj_format)
 
 
 def compiled(policy: Callable, compile_policy) -> Callable:

@@ -75,9 +75,9 @@ class DirectModule:
 
 
 class OnOneEnv:
-    """Calls a callable policy (not an ``nn.Module``) on the one env of a wrapped unbatched env as TorchRL's
-    collectors do: on a TensorDict without batch dim (``[1]`` -> ``[]``), its outputs given the dim back. Such
-    policies (e.g. TorchRL's ``RandomPolicy(spec)``) may ignore the batch shape."""
+    """Calls the policy on the one env of a wrapped unbatched env as TorchRL's collectors do: on a TensorDict
+    without batch dim (``[1]`` -> ``[]``), its outputs given the dim back. Policies written for such envs (e.g.
+    TorchRL's ``RandomPolicy(spec)``, or a module returning ``spec.rand()``) may ignore the batch shape."""
 
     def __init__(self, policy: Callable):
         self.policy = policy
@@ -134,11 +134,9 @@ def auto_wrapped(module: nn.Module, observation_spec, action_keys: list) -> Call
 def make_policy(policy, full_action_spec, policy_device=None, observation_spec=None,
                 unbatched: bool = False) -> Callable:
     """The callable the collector loop calls once per step (see the module docstring). ``unbatched``: the env
-    is an unbatched one wrapped with batch ``[1]``; a policy that is not an ``nn.Module`` then runs on ``[]``."""
+    is an unbatched one wrapped with batch ``[1]``; the policy then runs on ``[]``, as in TorchRL."""
     if policy is None:
         return RandomPolicy(full_action_spec)
-    if unbatched and callable(policy) and not isinstance(policy, nn.Module):
-        policy = OnOneEnv(policy)
     if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
         policy = (ObservationToAction(policy) if observation_spec is None
                   else auto_wrapped(policy, observation_spec, list(full_action_spec.keys(True, True))))
@@ -150,6 +148,8 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
             f"policy must be a TensorDictModule, an nn.Module (observation -> action), a callable on a "
             f"TensorDict or None; got {type(policy).__name__}."
         )
+    if unbatched:
+        policy = OnOneEnv(policy)
     if policy_device is not None and torch.device(policy_device) != torch.device("cpu"):
         device = torch.device(policy_device)
         if isinstance(policy_module(policy), nn.Module):

@@ -78,7 +78,7 @@ class Collector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
-                         return_same_td=return_same_td, options=options)
+                         return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter)
         check_env_device(env_device, "Collector")
         policy = one_policy(policy, policy_factory, "Collector")
         if create_env_kwargs and callable(create_env_fn) and not hasattr(create_env_fn, "batch_size"):
@@ -101,6 +101,9 @@ class Collector(CollectorBase):
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
         return batch[0] if self._unbatched else batch
+
+    def _envs_per_buffer_write(self) -> int | None:
+        return None if self._unbatched else self.env.batch_size.numel()
 
     def _set_seed(self, seed: int, static_seed: bool) -> int:
         return self._loop.set_seed(seed, static_seed)
