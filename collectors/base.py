@@ -15,17 +15,12 @@ import math
 import threading
 import time
 
-import cloudpickle
 import torch
 from tensordict import TensorDictBase
 
-from tdcollect.envs.errors import SpecMismatchError
-from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs
 from tdcollect.envs.recycle import Recycler
 
-from .env_setup import copies_of_torchrl_instances
 from .options import BatchOptions, rounded_steps
-from .policies import policy_module
 from .stats import TRAJ_KEY, TrajectoryTracker
 from .trajectories import TrajectoryAssembler
 
@@ -34,7 +29,7 @@ class CollectorBase:
     def __init__(self, frames_per_batch: int, total_frames: int, *, split_trajs: bool = False,
                  init_random_frames: int = 0, storing_device=None, progress_bar: bool = False,
                  return_same_td: bool = False, options: BatchOptions | None = None,
-                 reset_at_each_iter: bool = False):
+                 reset_at_each_iter: bool = False, compile_policy=None):
         if not isinstance(frames_per_batch, int) or isinstance(frames_per_batch, bool) or frames_per_batch < 1:
             raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}.")
         if total_frames is None or total_frames == 0 or (total_frames < 0 and total_frames != -1):
@@ -49,6 +44,10 @@ class CollectorBase:
         self.progress_bar = progress_bar
         self.return_same_td = bool(return_same_td)
         self._resets_each_batch = bool(reset_at_each_iter)
+        # TorchRL's attributes for compile_policy (cudagraph_policy is refused on the CPU)
+        self.compiled_policy = compile_policy is not None and compile_policy is not False
+        self.compiled_policy_kwargs = dict(compile_policy) if isinstance(compile_policy, dict) else {}
+        self.cudagraphed_policy, self.cudagraphed_policy_kwargs = False, {}
         self._assembler: TrajectoryAssembler | None = None  # with trajs_per_batch, while iterating
         #: memory for the batches, reused once the caller holds no batch over it (``tdcollect/envs/recycle.py``)
         self._recycler = Recycler()
@@ -243,6 +242,16 @@ class CollectorBase:
         else:
             self.replay_buffer.extend(data)
 
+    @property
+    def _weight_sync_schemes(self) -> dict:
+        """TorchRL's name for how the policy's weights reach the workers: ``{"policy": scheme}``, the scheme
+        passed or TorchRL's ``SharedMemWeightSyncScheme`` (what tdcollect's shared weights are)."""
+        if self.options.weight_sync_schemes is None:
+            from torchrl.weight_update import SharedMemWeightSyncScheme
+
+            self.options.weight_sync_schemes = {"policy": SharedMemWeightSyncScheme()}
+        return self.options.weight_sync_schemes
+
     # TorchRL's attribute names for the whole-trajectory arguments
     trajs_per_batch = property(lambda self: self.options.trajs_per_batch)
     trajs_per_write = property(lambda self: self.options.trajs_per_write)
@@ -370,60 +379,3 @@ class CollectorBase:
             self.shutdown()
         except Exception:  # noqa: BLE001 - nothing useful can be done at garbage collection
             pass
-
-
-def check_env_device(env_device, owner: str) -> None:
-    if env_device is not None and torch.device(env_device).type != "cpu":
-        raise ValueError(f"{owner}: env_device must be the CPU (tdcollect's envs step on the CPU), got {env_device}.")
-
-
-def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_kwargs, env_device, owner: str,
-                    unit: str) -> tuple[list, bytes | None, object]:
-    """What a multi-process collector checks and packs in the main process before any worker starts:
-    ``(factories, policy_payload, module)`` — one cloudpickled env constructor per worker (``create_env_fn``
-    is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions) and the
-    ``nn.Module`` holding its weights (or None)."""
-    check_env_device(env_device, owner)
-    create_env_fn = copies_of_torchrl_instances(create_env_fn, owner)
-    if num_workers is None:
-        num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
-    factories = bind_kwargs(*constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner,
-                                                     "num_workers"))
-    pickled = [PickledFactory(fn, owner, f"{unit} {w}") for w, fn in enumerate(factories)]
-    payload = cloudpickle.dumps(policy) if policy is not None else None
-    return pickled, payload, policy_module(policy) if policy is not None else None
-
-
-def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str) -> None:
-    """Every worker's batches (``{worker: TensorDict [n_envs, T]}``) must have the same keys and, per key,
-    the same dtype and per-step shape as the first worker's; else a
-    :class:`~tdcollect.envs.errors.SpecMismatchError` naming the entries that differ."""
-    def entries(batch) -> dict:
-        return {str(key): (value.dtype, tuple(value.shape[2:])) for key, value in batch.items(True, True)}
-
-    first, *rest = sorted(batches)
-    reference = entries(batches[first])
-    for w in rest:
-        mine = entries(batches[w])
-        if mine != reference:
-            differ = "; ".join(f"{key}: {reference.get(key, 'missing')} vs {mine.get(key, 'missing')}"
-                               for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key))
-            raise SpecMismatchError(
-                f"{owner}: {unit} {w}'s batches differ from {unit} {first}'s ((dtype, shape per step) in "
-                f"{unit} {first} vs {unit} {w}: {differ}); all {unit}s' envs must share their specs.")
-
-
-def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
-                 check_actions: bool | str, check_values: bool = False) -> dict:
-    """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
-    from torchrl.envs.utils import ExplorationType
-
-    if not isinstance(exploration_type, ExplorationType):
-        raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
-                         f", got {exploration_type!r}.")
-    if max_frames_per_traj is not None and max_frames_per_traj <= 0:
-        max_frames_per_traj = None  # TorchRL's -1: no limit
-    return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
-            "exploration_type": exploration_type,
-            "check_actions": check_actions if check_actions == "bounds" else bool(check_actions),
-            "check_values": bool(check_values)}

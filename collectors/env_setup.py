@@ -1,11 +1,15 @@
-"""What a collector accepts as an env, turned into a batched TorchRL env with one batch dimension."""
+"""What a collector accepts as an env, turned into a batched TorchRL env; what the multi-process collectors check and
+pack before their workers start (:func:`prepare_workers`, :func:`check_same_entries`)."""
 from __future__ import annotations
 
 import cloudpickle
+import torch
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 from tdcollect.envs import SerialEnv
-from tdcollect.envs.factories import is_env_instance
+from tdcollect.envs.errors import SpecMismatchError
+from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs, is_env_instance
 from tdcollect.envs.shared import EnvSpecs
 
 from .policies import make_policy, policy_module
@@ -78,3 +82,44 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
         env.close()
         raise
     return env, policy, module, unbatched
+
+
+def check_env_device(env_device, owner: str) -> None:
+    if env_device is not None and torch.device(env_device).type != "cpu":
+        raise ValueError(f"{owner}: env_device must be the CPU (tdcollect's envs step on the CPU), got {env_device}.")
+
+
+def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_kwargs, env_device, owner: str,
+                    unit: str) -> tuple[list, bytes | None, object]:
+    """What a multi-process collector checks and packs in the main process before any worker starts:
+    ``(factories, policy_payload, module)`` — one cloudpickled env constructor per worker (``create_env_fn``
+    is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions) and the
+    ``nn.Module`` holding its weights (or None)."""
+    check_env_device(env_device, owner)
+    create_env_fn = copies_of_torchrl_instances(create_env_fn, owner)
+    if num_workers is None:
+        num_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else 1
+    factories = bind_kwargs(*constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner,
+                                                     "num_workers"))
+    pickled = [PickledFactory(fn, owner, f"{unit} {w}") for w, fn in enumerate(factories)]
+    payload = cloudpickle.dumps(policy) if policy is not None else None
+    return pickled, payload, policy_module(policy) if policy is not None else None
+
+
+def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str) -> None:
+    """Every worker's batches (``{worker: TensorDict [n_envs, T]}``) must have the same keys and, per key,
+    the same dtype and per-step shape as the first worker's; else a
+    :class:`~tdcollect.envs.errors.SpecMismatchError` naming the entries that differ."""
+    def entries(batch) -> dict:
+        return {str(key): (value.dtype, tuple(value.shape[2:])) for key, value in batch.items(True, True)}
+
+    first, *rest = sorted(batches)
+    reference = entries(batches[first])
+    for w in rest:
+        mine = entries(batches[w])
+        if mine != reference:
+            differ = "; ".join(f"{key}: {reference.get(key, 'missing')} vs {mine.get(key, 'missing')}"
+                               for key in sorted(set(mine) | set(reference)) if mine.get(key) != reference.get(key))
+            raise SpecMismatchError(
+                f"{owner}: {unit} {w}'s batches differ from {unit} {first}'s ((dtype, shape per step) in "
+                f"{unit} {first} vs {unit} {w}: {differ}); all {unit}s' envs must share their specs.")

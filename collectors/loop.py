@@ -1,4 +1,5 @@
-"""BatchLoop: fills ``[n_envs, steps]`` batches from one batched env and a policy.
+"""BatchLoop: fills ``[n_envs, steps]`` batches from one batched env and a policy (an env with several batch
+dims, e.g. ``[2, 3]``, is stepped in its shape and its batches are flattened to ``[6, steps]``).
 
 It is the loop of :class:`~tdcollect.collectors.Collector` and of every
 :class:`~tdcollect.collectors.MultiSyncCollector` worker. ``storage`` (allocated once, in shared memory for
@@ -17,7 +18,6 @@ Consecutive batches continue the same episodes (the last root is carried over).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import NonTensor
@@ -50,15 +50,14 @@ class BatchLoop:
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False):
-        if len(env.batch_size) != 1:
-            raise ValueError(f"the collector needs an env with one batch dimension, got {tuple(env.batch_size)}; "
-                             "a batched TorchRL env goes through TorchRL's Collector over a ParallelEnv.")
+        if len(env.batch_size) == 0:
+            raise ValueError("the collector needs a batched env (an unbatched one is wrapped first).")
         non_tensor = [key for key, spec in env.full_observation_spec.items(True, True) if isinstance(spec, NonTensor)]
         if non_tensor:
             raise ValueError(f"the collector stores tensor entries only; the env has non-tensor entries "
                              f"{non_tensor}: use TorchRL's Collector over a ParallelEnv for it.")
         self.env, self.policy, self.steps = env, policy, steps
-        self.n_envs = env.batch_size[0]
+        self.n_envs = env.batch_size.numel()
         self.reset_at_each_iter = reset_at_each_iter
         self.max_frames_per_traj = max_frames_per_traj
         self.exploration_type = exploration_type
@@ -66,15 +65,18 @@ class BatchLoop:
         #: what write_actions checks: continuous bounds too only with check_actions="bounds"
         self.action_check = True if check_actions == "bounds" else "finite"
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
-        self.traj_steps = np.zeros(self.n_envs, dtype=np.int64)
+        self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)  # steps of each env's running trajectory
         self.lean = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
+        self.counter_keys: set = set()  # entries the loop writes itself (max_frames_per_traj's step counts)
         self.root = env.reset()
         template = self._template()
-        self.storage = template.unsqueeze(-1).expand(self.n_envs, steps).clone()
+        env_shaped = template.unsqueeze(-1).expand(*env.batch_size, steps).clone()  # [*env batch, steps]
         if shared:
-            in_shared_memory(self.storage, f"the collector's batch storage ({self.n_envs} envs x {steps} steps)")
-        self.views = self.storage.unbind(-1)
+            in_shared_memory(env_shaped, f"the collector's batch storage ({self.n_envs} envs x {steps} steps)")
+        self.views = env_shaped.unbind(-1)  # per step, in the env's batch shape
+        #: ``[n_envs, steps]``: a view of the same memory (envs with several batch dims are flattened)
+        self.storage = env_shaped if len(env.batch_size) == 1 else env_shaped.reshape(self.n_envs, steps)
         self.storage_keys = list(self.storage.keys(True, True))
         self._next_done = self.storage.get(("next", "done")).view(self.n_envs, steps)
         if self.lean:
@@ -89,6 +91,18 @@ class BatchLoop:
         extra = set(probe.keys(True, True)) - set(fake.keys(True, True))
         if extra:
             fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
+        if self.max_frames_per_traj:  # what TorchRL's StepCounter adds
+            if any("step_count" in ((key,) if isinstance(key, str) else key) for key in fake.keys(True, True)):
+                raise ValueError("the env has a 'step_count' entry already (a StepCounter?), which "
+                                 "max_frames_per_traj would add too: leave max_frames_per_traj unset or remove the "
+                                 "env's StepCounter.")
+            counts = torch.zeros(*self.env.batch_size, 1, dtype=torch.int64)
+            flags = torch.zeros(*self.env.batch_size, 1, dtype=torch.bool)
+            for key, value in (("step_count", counts), ("truncated", flags)):
+                for where in (key, ("next", key)):
+                    if where not in fake.keys(True, True):
+                        fake.set(where, value.clone())
+                        self.counter_keys.add(where)
         return fake
 
     def _rebind(self) -> None:
@@ -105,7 +119,8 @@ class BatchLoop:
         self.recorder = StepRecorder(env, self.storage)
         root = env.root_buffer
         root_set = set(self.recorder.root_keys)
-        self.policy_keys = [k for k in self.storage_keys if k not in root_set and not _is_next(k)]
+        self.policy_keys = [k for k in self.storage_keys
+                            if k not in root_set and not _is_next(k) and k not in self.counter_keys]
         self.action_keys = self.recorder.action_keys
         self.action_buffers = [buffer for _, buffer in env.action_buffers]
         self.policy_in = TensorDict({k: root.get(k) for k in self.recorder.root_keys}, batch_size=env.batch_size)
@@ -181,22 +196,41 @@ class BatchLoop:
             self._truncate_long_trajectories(t)
 
     def _truncate_long_trajectories(self, t: int) -> None:
-        """End (truncate) trajectories that reached ``max_frames_per_traj`` and reset their envs."""
-        self.traj_steps += 1
-        self.traj_steps[self._next_done[:, t].numpy()] = 0
-        over = self.traj_steps >= self.max_frames_per_traj
+        """TorchRL's ``max_frames_per_traj`` (its ``StepCounter``): ``"step_count"`` at the root and under
+        ``"next"`` (int64 ``[n_envs, 1]`` per step); a trajectory that reaches the limit is truncated (``done``)
+        and its env reset."""
+        self.storage.get("step_count")[:, t, 0] = self.traj_steps
+        counts = self.traj_steps + 1
+        self.storage.get(("next", "step_count"))[:, t, 0] = counts
+        over = counts >= self.max_frames_per_traj
+        self.traj_steps = torch.where(self._next_done[:, t] | over, 0, counts)
         if not over.any():
             return
-        mask = torch.as_tensor(over)
+        mask = over
         for key in ("done", "truncated"):
             flags = self.storage.get(("next", key))[:, t]
             flags[mask] = True
-        self.traj_steps[over] = 0
-        reset = TensorDict({"_reset": mask.unsqueeze(-1)}, batch_size=[self.n_envs])
+        reset = TensorDict({"_reset": mask.view(*self.env.batch_size, 1)}, batch_size=self.env.batch_size)
         if self.lean:
             self.env.reset(reset)
         else:
             self.root = self.env.reset(self.root.update(reset))
+
+
+def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
+                 check_actions: bool | str, check_values: bool = False) -> dict:
+    """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
+    from torchrl.envs.utils import ExplorationType
+
+    if not isinstance(exploration_type, ExplorationType):
+        raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
+                         f", got {exploration_type!r}.")
+    if max_frames_per_traj is not None and max_frames_per_traj <= 0:
+        max_frames_per_traj = None  # TorchRL's -1: no limit
+    return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
+            "exploration_type": exploration_type,
+            "check_actions": check_actions if check_actions == "bounds" else bool(check_actions),
+            "check_values": bool(check_values)}
 
 
 def _is_next(key) -> bool:

@@ -21,8 +21,9 @@ from tdcollect.envs.pool import WorkerPool
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.specs import agreed_specs
 
-from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
-from .loop import DEFAULT_EXPLORATION_TYPE
+from .base import CollectorBase
+from .env_setup import check_same_entries, prepare_workers
+from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
 from .options import rounded_steps, torchrl_options
 from .policies import one_policy
 from .weights import SharedWeights, requested_weights
@@ -89,7 +90,8 @@ class ProcessCollector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
-                         return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter)
+                         return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
+                         compile_policy=compile_policy)
         policy = one_policy(policy, policy_factory, owner)
         pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
                                                    env_device, owner, "worker")

@@ -26,7 +26,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "preemptive_threshold": (None, "preemption is not supported: every worker collects its whole share of each "
                                    "batch"),
     "weight_updater": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
-    "weight_sync_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "weight_recv_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "auto_register_policy_transforms": (None, "policy transforms are not registered on the env; put the "
                                               "transform in the policy or in the env you build"),
@@ -62,6 +61,8 @@ class BatchOptions:
     trajs_per_batch: int | None = None
     trajs_per_write: int | None = None
     traj_format: str = "padded"
+    #: TorchRL's ``weight_sync_schemes`` as given (checked by :func:`checked_weight_schemes`); None: the default
+    weight_sync_schemes: dict | None = None
 
 
 def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buffer: bool = True,
@@ -69,7 +70,8 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
                     post_collect_hook=None, update_at_each_batch: bool = False, track_policy_version: bool = False,
                     split_trajs=None,
                     return_same_td: bool = False, compile_policy=None, cudagraph_policy=None, trust_policy=None,
-                    trajs_per_batch=None, trajs_per_write=None, traj_format=None, **rest) -> BatchOptions:
+                    trajs_per_batch=None, trajs_per_write=None, traj_format=None, weight_sync_schemes=None,
+                    **rest) -> BatchOptions:
     """Check TorchRL's collector arguments (see the module docstring) and return the per-batch ones."""
     for name, value in rest.items():
         if name in NO_EFFECT_ON_CPU:
@@ -105,12 +107,37 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
                          "track_traj_ids=True.")
     return BatchOptions(postproc, replay_buffer, bool(extend_buffer), bool(set_truncated), bool(track_traj_ids),
                         pre_collect_hook, post_collect_hook, bool(update_at_each_batch), bool(track_policy_version),
-                        trajs_per_batch, trajs_per_write, traj_format)
+                        trajs_per_batch, trajs_per_write, traj_format,
+                        checked_weight_schemes(weight_sync_schemes, owner))
+
+
+def checked_weight_schemes(schemes, owner: str) -> dict | None:
+    """TorchRL's ``weight_sync_schemes`` (``{"policy": scheme}``): tdcollect's collectors hand the policy's weights
+    to their workers through one shared-memory copy, which is what TorchRL's ``SharedMemWeightSyncScheme`` (and
+    its ``MultiProcessWeightSyncScheme``) ask for, so those are accepted; other schemes, per-worker weights or
+    models other than the policy are a clear error."""
+    if schemes is None:
+        return None
+    from torchrl.weight_update import SharedMemWeightSyncScheme
+
+    if not isinstance(schemes, dict):
+        raise TypeError(f"{owner}: weight_sync_schemes must be a dict {{'policy': scheme}}, got "
+                        f"{type(schemes).__name__}.")
+    for name, scheme in schemes.items():
+        if name != "policy":
+            raise ValueError(f"{owner}: weight_sync_schemes[{name!r}]: only the policy's weights are sent to the "
+                             "workers (key 'policy').")
+        if not isinstance(scheme, SharedMemWeightSyncScheme) or getattr(scheme, "per_worker_weights", False):
+            raise ValueError(f"{owner}: weight_sync_schemes['policy'] = {type(scheme).__name__}: tdcollect's "
+                             "collectors send the policy's weights to every worker through one shared-memory copy "
+                             "(TorchRL's SharedMemWeightSyncScheme or MultiProcessWeightSyncScheme, without "
+                             "per-worker weights); pass one of those or leave weight_sync_schemes unset.")
+    return dict(schemes)
 
 
 def compiled(policy: Callable, compile_policy) -> Callable:
     """``torch.compile(policy, **options)`` for ``compile_policy=True`` or a dict of options, else ``policy``."""
-    if not compile_policy:
+    if compile_policy is None or compile_policy is False:  # TorchRL: {} compiles with default options
         return policy
     options = compile_policy if isinstance(compile_policy, dict) else {}
     return torch.compile(policy, **options)

@@ -51,9 +51,9 @@ from tdcollect.envs.group import seed_chain
 from tdcollect.envs.protocol import error_report, worker_error
 from tdcollect.envs.specs import check_same_specs
 
-from .base import CollectorBase, check_same_entries, loop_options, prepare_workers
-from .env_setup import build_worker, worker_specs
-from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
+from .base import CollectorBase
+from .env_setup import build_worker, check_same_entries, prepare_workers, worker_specs
+from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .weights import policy_weights_of
 
 OWNER = "RayCollector"

@@ -7,9 +7,9 @@ import functools
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
-from .base import CollectorBase, check_env_device, loop_options
-from .env_setup import make_batched_env
-from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop
+from .base import CollectorBase
+from .env_setup import check_env_device, make_batched_env
+from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
 from .policies import make_policy, one_policy, policy_module
 from .weights import policy_weights_of, requested_weights
@@ -78,7 +78,8 @@ class Collector(CollectorBase):
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
-                         return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter)
+                         return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
+                         compile_policy=compile_policy)
         check_env_device(env_device, "Collector")
         policy = one_policy(policy, policy_factory, "Collector")
         if create_env_kwargs and callable(create_env_fn) and not hasattr(create_env_fn, "batch_size"):
@@ -100,7 +101,11 @@ class Collector(CollectorBase):
         return batch if self.return_same_td else self._recycler.clone(batch)
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
-        return batch[0] if self._unbatched else batch
+        if self._unbatched:
+            return batch[0]
+        if len(self.env.batch_size) == 1:
+            return batch
+        return batch.reshape(*self.env.batch_size, batch.shape[-1])  # [*env batch, T], as TorchRL
 
     def _envs_per_buffer_write(self) -> int | None:
         return None if self._unbatched else self.env.batch_size.numel()
