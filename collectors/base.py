@@ -44,6 +44,8 @@ class CollectorBase:
         self.progress_bar = progress_bar
         self.return_same_td = bool(return_same_td)
         self._resets_each_batch = bool(reset_at_each_iter)
+        #: TorchRL's switch (and name): entries whose key has a part starting with "_" are left out of batches
+        self._exclude_private_keys = True
         # TorchRL's attributes for compile_policy (cudagraph_policy is refused on the CPU)
         self.compiled_policy = compile_policy is not None and compile_policy is not False
         self.compiled_policy_kwargs = dict(compile_policy) if isinstance(compile_policy, dict) else {}
@@ -105,6 +107,11 @@ class CollectorBase:
             if not self._stopping:
                 self._background_error = exc
 
+    def _hold_while_paused(self) -> None:
+        """In a :meth:`start`-ed collection, nothing reaches the replay buffer while :meth:`pause` holds."""
+        if self._background is not None and threading.current_thread() is self._background:
+            self._running.wait()
+
     @contextlib.contextmanager
     def pause(self):
         """While the block runs, a collector :meth:`start`-ed collects no new batch (the one under way finishes)."""
@@ -138,6 +145,7 @@ class CollectorBase:
             if self.replay_buffer is None:
                 yield batch
                 continue
+            self._hold_while_paused()
             self._write_to_buffer(batch)
             yield None  # TorchRL's collectors yield None when the batch went into the replay buffer
 
@@ -170,6 +178,10 @@ class CollectorBase:
                     batch.set(("next", "policy_version"), versions.clone())
                 if not self.options.track_traj_ids:
                     batch = batch.exclude(TRAJ_KEY)
+                    if not batch.get("collector").keys():
+                        batch = batch.exclude("collector")
+                if self._exclude_private_keys:
+                    batch = batch.exclude(*[key for key in batch.keys(True) if _is_private(key)])
                 self.frames += batch.numel()
                 self.batches += 1
                 if bar is not None:
@@ -206,6 +218,7 @@ class CollectorBase:
             if self._resets_each_batch and not options.set_truncated:
                 self._assembler.drop_pending()  # the envs restart: those episodes never finish
             if self.replay_buffer is not None:
+                self._hold_while_paused()
                 for trajectory in self._assembler.writes():
                     self._extend_buffer(trajectory)
                 yield None
@@ -286,6 +299,8 @@ class CollectorBase:
         """TorchRL's collector checkpoint: ``{"policy_state_dict": ..., "frames": int, "iter": int}`` (the policy
         entry when the policy is an ``nn.Module``)."""
         state = {"frames": self.frames, "iter": self.batches}
+        if self.options.track_policy_version:
+            state["policy_version"] = self.policy_version
         module = self._policy_module()
         if module is not None:
             state["policy_state_dict"] = module.state_dict()
@@ -303,11 +318,23 @@ class CollectorBase:
             self.update_policy_weights_()
         elif strict and module is not None:
             raise KeyError(f"{type(self).__name__}: the state dict has no 'policy_state_dict' (strict=True).")
+        if self.options.track_policy_version and "policy_version" in state_dict:
+            self._restore_version(int(state_dict["policy_version"]))
         self.frames = int(state_dict.get("frames", self.frames))
         self.batches = int(state_dict.get("iter", self.batches))
 
     def _policy_module(self):
         return None
+
+    def stats(self) -> dict:
+        """TorchRL's progress snapshot (plain numbers, JSON-serialisable, safe from any thread): ``frames``,
+        ``batches``, ``total_frames`` and ``completed`` (when the collector is not endless),
+        ``requested_frames_per_batch``, ``policy_version``."""
+        out = {"frames": int(self.frames), "batches": int(self.batches),
+               "requested_frames_per_batch": int(self.frames_per_batch), "policy_version": int(self.policy_version)}
+        if self.total_frames != -1:
+            out.update(total_frames=int(self.total_frames), completed=self.frames >= self.total_frames)
+        return out
 
     @property
     def policy_version(self) -> int:
@@ -319,6 +346,9 @@ class CollectorBase:
 
     def increment_version(self) -> None:
         self._local_version += 1
+
+    def _restore_version(self, version: int) -> None:
+        self._local_version = version
 
     def _frame_versions(self, n_envs: int) -> torch.Tensor:
         """int64 ``[n_envs]``: the weights version each env of the last batch was stepped with."""
@@ -379,3 +409,7 @@ class CollectorBase:
             self.shutdown()
         except Exception:  # noqa: BLE001 - nothing useful can be done at garbage collection
             pass
+
+
+def _is_private(key) -> bool:
+    return any(part.startswith("_") for part in ((key,) if isinstance(key, str) else key))

@@ -75,6 +75,8 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
     env, _, unbatched = make_batched_env(factory, owner)
     try:
         user_policy = cloudpickle.loads(policy_payload) if policy_payload is not None else None
+        if isinstance(user_policy, BuiltInWorker):
+            user_policy = user_policy.policy_factory()
         policy = make_policy(user_policy, env.full_action_spec, policy_device, env.full_observation_spec,
                              unbatched=unbatched)
         module = policy_module(user_policy)  # the user's module, as the shared weights were taken from it
@@ -89,12 +91,21 @@ def check_env_device(env_device, owner: str) -> None:
         raise ValueError(f"{owner}: env_device must be the CPU (tdcollect's envs step on the CPU), got {env_device}.")
 
 
+class BuiltInWorker:
+    """What a worker receives for TorchRL's ``policy_factory``: the factory, which each worker calls to build its
+    own policy (the main process never calls it)."""
+
+    def __init__(self, policy_factory):
+        self.policy_factory = policy_factory
+
+
 def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_kwargs, env_device, owner: str,
-                    unit: str) -> tuple[list, bytes | None, object]:
+                    unit: str, policy_factory=None) -> tuple[list, bytes | None, object]:
     """What a multi-process collector checks and packs in the main process before any worker starts:
     ``(factories, policy_payload, module)`` — one cloudpickled env constructor per worker (``create_env_fn``
-    is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions) and the
-    ``nn.Module`` holding its weights (or None)."""
+    is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions; with
+    ``policy_factory``, the factory, as :class:`BuiltInWorker`) and the ``nn.Module`` holding the weights the
+    workers act with (the ``policy``'s, which with a ``policy_factory`` is only read here; or None)."""
     check_env_device(env_device, owner)
     create_env_fn = copies_of_torchrl_instances(create_env_fn, owner)
     if num_workers is None:
@@ -102,7 +113,13 @@ def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_k
     factories = bind_kwargs(*constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner,
                                                      "num_workers"))
     pickled = [PickledFactory(fn, owner, f"{unit} {w}") for w, fn in enumerate(factories)]
-    payload = cloudpickle.dumps(policy) if policy is not None else None
+    if policy_factory is not None:
+        if not callable(policy_factory):
+            raise TypeError(f"{owner}: policy_factory must be a function returning the policy, got "
+                            f"{type(policy_factory).__name__}.")
+        payload = cloudpickle.dumps(BuiltInWorker(policy_factory))
+    else:
+        payload = cloudpickle.dumps(policy) if policy is not None else None
     return pickled, payload, policy_module(policy) if policy is not None else None
 
 

@@ -30,6 +30,8 @@ from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite
 
 from .policies import ActionSampler, DirectModule, RandomPolicy
+from .stats import done_leaves, ends_of
+from .weights import policy_weights_of
 
 DEFAULT_EXPLORATION_TYPE = ExplorationType.RANDOM
 
@@ -78,7 +80,7 @@ class BatchLoop:
         #: ``[n_envs, steps]``: a view of the same memory (envs with several batch dims are flattened)
         self.storage = env_shaped if len(env.batch_size) == 1 else env_shaped.reshape(self.n_envs, steps)
         self.storage_keys = list(self.storage.keys(True, True))
-        self._next_done = self.storage.get(("next", "done")).view(self.n_envs, steps)
+        self._done_leaves = done_leaves(self.storage)  # [n_envs, steps, ...] each
         if self.lean:
             self._prepare_lean()
         self._first = True
@@ -110,7 +112,7 @@ class BatchLoop:
         its new buffers (its episodes start over)."""
         self.env.start()
         self.root = self.env.reset()
-        self.traj_steps[:] = 0
+        self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
         self._prepare_lean()
 
     def _prepare_lean(self) -> None:
@@ -139,10 +141,14 @@ class BatchLoop:
         self.reset_envs()
         return out
 
+    def load_policy_weights(self, weights) -> None:
+        """Copy ``weights`` (a TensorDict of the policy's parameters and buffers) into this loop's policy."""
+        policy_weights_of(self.policy).update_(weights)
+
     def reset_envs(self) -> None:
         """Every env starts a new episode (the next batch begins with a reset)."""
         self.root = self.env.reset()
-        self.traj_steps[:] = 0
+        self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
 
     # ----------------------------------------------------------------- one batch
     def collect(self, random: bool = False) -> TensorDictBase:
@@ -152,7 +158,7 @@ class BatchLoop:
                 self._rebind()
             elif self.reset_at_each_iter and not self._first:
                 self.root = self.env.reset()
-                self.traj_steps[:] = 0
+                self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
             step = self._lean_step if self.lean else self._generic_step
             # actions drawn from the spec itself need no policy call and no check after the first step
             random = random or isinstance(self.policy, RandomPolicy)
@@ -203,13 +209,15 @@ class BatchLoop:
         counts = self.traj_steps + 1
         self.storage.get(("next", "step_count"))[:, t, 0] = counts
         over = counts >= self.max_frames_per_traj
-        self.traj_steps = torch.where(self._next_done[:, t] | over, 0, counts)
+        ends = ends_of([leaf[:, t].reshape(self.n_envs, -1) for leaf in self._done_leaves])
+        self.traj_steps = torch.where(ends | over, 0, counts)
         if not over.any():
             return
         mask = over
         for key in ("done", "truncated"):
-            flags = self.storage.get(("next", key))[:, t]
-            flags[mask] = True
+            flags = self.storage.get(("next", key), None)
+            if flags is not None:  # (envs with nested done flags only: StepCounter truncates them alike)
+                flags[:, t][mask] = True
         reset = TensorDict({"_reset": mask.view(*self.env.batch_size, 1)}, batch_size=self.env.batch_size)
         if self.lean:
             self.env.reset(reset)

@@ -63,6 +63,7 @@ class MultiAsyncCollector(ProcessCollector):
                 self.shutdown()
                 raise
         storage = self._handshake.storages[w]
+        self._count_batches([w], storage.shape[-1])
         if self.return_same_td:
             if w not in self._same:
                 self._same[w] = storage.clone()

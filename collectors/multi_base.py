@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
-from tdcollect.envs.errors import WorkerError
+from tdcollect.envs.errors import EnvWorkerError, WorkerError
 from tdcollect.envs.group import seed_chain
 from tdcollect.envs.platform_policy import exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.pool import WorkerPool
@@ -25,8 +25,8 @@ from .base import CollectorBase
 from .env_setup import check_same_entries, prepare_workers
 from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
 from .options import rounded_steps, torchrl_options
-from .policies import one_policy
-from .weights import SharedWeights, requested_weights
+from .policies import UNWRAPPABLE
+from .weights import SharedWeights, policy_weights_of, requested_weights
 from .worker import run_collector_worker
 
 
@@ -92,12 +92,12 @@ class ProcessCollector(CollectorBase):
                          storing_device=storing_device or device, progress_bar=progress_bar,
                          return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
                          compile_policy=compile_policy)
-        policy = one_policy(policy, policy_factory, owner)
         pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
-                                                   env_device, owner, "worker")
+                                                   env_device, owner, "worker", policy_factory)
         if num_threads is not None:  # TorchRL's meaning: the threads of this (the main) process
             torch.set_num_threads(int(num_threads))
         self.policy = policy
+        self._built_in_workers = policy_factory is not None and module is None  # no weights here to share
         self.num_workers = num_workers = len(pickled)
         self.max_restarts = int(max_restarts)
         self._module = module
@@ -107,13 +107,19 @@ class ProcessCollector(CollectorBase):
                   "owner": owner, "loop": loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type,
                                                        check_actions, check_values)}
         self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches)
-        self._pool = WorkerPool(
-            run_collector_worker,
-            [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
-            handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
-            owner=owner, preload=set().union(*(factory.imports for factory in pickled)),
-        )
+        try:
+            self._pool = WorkerPool(
+                run_collector_worker,
+                [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
+                handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
+                owner=owner, preload=set().union(*(factory.imports for factory in pickled)),
+            )
+        except EnvWorkerError as err:  # a policy that cannot be wrapped is the caller's TypeError, as in TorchRL
+            if err.exc_type == "TypeError" and err.exc_message.startswith(UNWRAPPABLE):
+                raise TypeError(f"{owner}: {err.exc_message}") from err
+            raise
         self.envs_per_worker = self._handshake.envs_per_worker
+        self._worker_frames, self._worker_batches = [0] * num_workers, [0] * num_workers
 
     def _recover(self, err: WorkerError) -> list[int]:
         """Replace the failed workers while ``max_restarts`` allows (their envs start new episodes, with new
@@ -134,6 +140,26 @@ class ProcessCollector(CollectorBase):
         """The rows of worker ``w``'s envs among all workers' envs."""
         first = sum(self.envs_per_worker[:w])
         return range(first, first + self.envs_per_worker[w])
+
+    def stats(self, workers: str = "aggregate") -> dict:
+        """TorchRL's snapshot (see :meth:`CollectorBase.stats`) plus ``workers`` and ``workers_alive``; with
+        ``workers="per_worker"`` (or ``"both"``, with the aggregate too) ``worker_<w>/frames`` and
+        ``worker_<w>/batches`` for every worker (counted in this process: no call reaches the workers)."""
+        if workers not in ("aggregate", "per_worker", "both"):
+            raise ValueError(f"stats(workers=...): workers must be one of 'aggregate', 'per_worker' or 'both', got "
+                             f"{workers!r}.")
+        out = super().stats() if workers != "per_worker" else {}
+        out.update(workers=self.num_workers, workers_alive=len(self._pool.pids) if "_pool" in self.__dict__ else 0)
+        if workers != "aggregate":
+            for w, (frames, batches) in enumerate(zip(self._worker_frames, self._worker_batches)):
+                out.update({f"worker_{w}/frames": frames, f"worker_{w}/batches": batches})
+        return out
+
+    def _count_batches(self, workers: list[int], steps: int) -> None:
+        """Per-worker counts for :meth:`stats`: each of ``workers`` delivered a batch of ``steps`` steps."""
+        for w in workers:
+            self._worker_frames[w] += self.envs_per_worker[w] * steps
+            self._worker_batches[w] += 1
 
     @property
     def restarts(self) -> list[int]:
@@ -167,20 +193,52 @@ class ProcessCollector(CollectorBase):
     def _policy_module(self):
         return self._module
 
+    def state_dict(self) -> dict:
+        """TorchRL's multi-process checkpoint: ``{"worker<w>": {"policy_state_dict": ...}, "frames", "iter"}``,
+        each worker's entry holding the weights it acts with (the shared copy of the last
+        :meth:`update_policy_weights_`)."""
+        state = super().state_dict()
+        state.pop("policy_state_dict", None)
+        acted = ({key: value.clone() for key, value in self._weights.params.flatten_keys(".").items()}
+                 if self._weights is not None else None)
+        for w in range(self.num_workers):
+            state[f"worker{w}"] = {"policy_state_dict": dict(acted)} if acted is not None else {}
+        return state
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Restore a :meth:`state_dict` (or one in the single collector's form, with ``"policy_state_dict"``);
+        the workers share one copy of the weights, so worker 0's are loaded."""
+        if "policy_state_dict" not in state_dict and "policy_state_dict" in state_dict.get("worker0", {}):
+            state_dict = {**state_dict, "policy_state_dict": state_dict["worker0"]["policy_state_dict"]}
+        super().load_state_dict(state_dict, strict=strict)
+
     def update_policy_weights_(self, policy_weights=None, **kwargs) -> None:
         """Copy the policy's current weights (or ``policy_weights``, a TensorDict or a module of the same
         structure; TorchRL's ``policy_or_weights``) into the shared copy; every worker acts with them from its
         next batch on (see ``weight_versions``)."""
         # worker_ids is dropped: the weights are shared, every worker gets them
         policy_weights = requested_weights(policy_weights, kwargs, ignored=("worker_ids",))
-        if self._weights is None:
-            return
-        self._weights.publish(policy_weights if policy_weights is not None else self.policy)
+        if self._weights is not None:
+            self._weights.publish(policy_weights if policy_weights is not None else self.policy)
+        elif self._built_in_workers and policy_weights is not None:  # policy_factory only: each worker loads them
+            self._settle()
+            self._pool.call("load_policy_weights", [(policy_weights_of(policy_weights),)] * self.num_workers)
+            self.increment_version()
+        elif self._built_in_workers:
+            raise ValueError(f"{self.owner}: the policies were built in the workers by policy_factory and this "
+                             "process holds none to read weights from: pass the weights "
+                             "(update_policy_weights_(weights)), or pass policy= too (the weights' source).")
 
     @property
     def policy_version(self) -> int:
         """The version of the shared weights: 0 at first, one more for every :meth:`update_policy_weights_`."""
         return int(self._weights.version) if self._weights is not None else self._local_version
+
+    def _restore_version(self, version: int) -> None:
+        if self._weights is not None:
+            self._weights.version.fill_(version)
+        else:
+            self._local_version = version
 
     def increment_version(self) -> None:
         if self._weights is not None:

@@ -72,6 +72,7 @@ class MultiSyncCollector(ProcessCollector):
                 self.shutdown()
                 raise
         parts = [self._handshake.storages[w] for w in range(self.num_workers)]
+        self._count_batches(list(range(self.num_workers)), parts[0].shape[-1])
         if not self.return_same_td:
             return self._recycler.cat(parts, 0)
         if self._same is None:

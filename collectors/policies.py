@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 from tensordict import TensorDictBase
@@ -107,6 +108,10 @@ class OnDevice:
         return td.update(out.to("cpu"))
 
 
+#: how the error for a plain ``nn.Module`` policy that cannot be wrapped starts (TorchRL's words)
+UNWRAPPABLE = "Arguments to policy.forward are incompatible with entries in"
+
+
 def auto_wrapped(module: nn.Module, observation_spec, action_keys: list) -> Callable:
     """A plain ``nn.Module`` (tensors in, tensors out) made a TensorDict policy, as TorchRL's collectors do: when
     the names of its ``forward`` arguments are observation keys, a ``TensorDictModule`` reading them and writing
@@ -126,9 +131,9 @@ def auto_wrapped(module: nn.Module, observation_spec, action_keys: list) -> Call
         return TensorDictModule(module, in_keys=in_keys, out_keys=[*action_keys[:1], *extra])
     if len(required) == 1:
         return ObservationToAction(module, "observation", action_keys[0] if action_keys else "action")
-    raise TypeError(f"the policy {type(module).__name__}.forward({', '.join(params)}) cannot be wrapped: its "
-                    f"arguments must be observation keys ({sorted(observations)}), or one tensor (the "
-                    "observation); or pass a TensorDictModule.")
+    raise TypeError(f"{UNWRAPPABLE} the env's observations: {type(module).__name__}.forward({', '.join(params)}) "
+                    f"cannot be wrapped; its arguments must be observation keys ({sorted(observations)}), or one "
+                    "tensor (the observation); or pass a TensorDictModule.")
 
 
 def make_policy(policy, full_action_spec, policy_device=None, observation_spec=None,
@@ -137,6 +142,11 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
     is an unbatched one wrapped with batch ``[1]``; the policy then runs on ``[]``, as in TorchRL."""
     if policy is None:
         return RandomPolicy(full_action_spec)
+    if getattr(policy, "action_spec", False) is None and hasattr(policy, "set_action_spec_from_env"):
+        # TorchRL's RandomPolicy() without a spec: the collector gives it the env's (the spec of one env, for an
+        # unbatched env, as the policy then sees one env's TensorDict)
+        policy.set_action_spec_from_env(SimpleNamespace(full_action_spec=full_action_spec[0] if unbatched
+                                                        else full_action_spec))
     if isinstance(policy, nn.Module) and not isinstance(policy, TensorDictModuleBase):
         policy = (ObservationToAction(policy) if observation_spec is None
                   else auto_wrapped(policy, observation_spec, list(full_action_spec.keys(True, True))))

@@ -7,10 +7,38 @@ from tensordict import TensorDictBase
 TRAJ_KEY = ("collector", "traj_ids")
 
 
+def episode_ends(batch: TensorDictBase) -> torch.Tensor:
+    """bool ``[n_envs, T]``: the steps of a batch ``[n_envs, T]`` after which the env's episode is over:
+    ``("next", "done")``, or, for envs whose done flags are nested only (per agent, ...), any of them."""
+    n, t = batch.batch_size
+    return ends_of([leaf.reshape(n, t, -1) for leaf in done_leaves(batch)])
+
+
+def done_leaves(batch: TensorDictBase) -> list[torch.Tensor]:
+    """The done flags :func:`episode_ends` reads: ``[("next", "done")]``, else every nested ``"done"`` under
+    ``"next"``."""
+    after = batch.get("next")
+    done = after.get("done", None)
+    leaves = [done] if done is not None else [after.get(key) for key in after.keys(True, True)
+                                              if isinstance(key, tuple) and key[-1] == "done"]
+    if not leaves:
+        raise KeyError("the batch has no ('next', 'done') entry, nested or not: the env reports no done flag.")
+    return leaves
+
+
+def ends_of(leaves: list[torch.Tensor]) -> torch.Tensor:
+    """Any of the flags ``[..., k]`` of every leaf, over the last dim: ``[...]``."""
+    ends = leaves[0].any(-1)
+    for leaf in leaves[1:]:
+        ends = ends | leaf.any(-1)
+    return ends
+
+
 class TrajectoryTracker:
     """Gives every trajectory a unique id and measures the episodes that finish.
 
-    ``annotate(batch)`` (batch ``[n_envs, T]`` with ``("next", "done")`` and ``("next", "reward")``) sets
+    ``annotate(batch)`` (batch ``[n_envs, T]`` with done flags, see :func:`episode_ends`, and
+    ``("next", "reward")``) sets
     ``("collector", "traj_ids")`` (int64 ``[n_envs, T]``; a trajectory that spans batches keeps its id) and
     returns ``{"returns": float [k], "lengths": int64 [k]}`` for the ``k`` episodes that ended in the batch
     (returns summed over reward dims, counted from the episode's start even if that was batches ago).
@@ -36,7 +64,7 @@ class TrajectoryTracker:
             self.running_length[rows.start:rows.stop] = part.running_length
             return stats
         n, t = batch.batch_size
-        done = batch.get(("next", "done")).reshape(n, t, -1).any(-1)
+        done = episode_ends(batch)
         ends = done.long()
         before = ends.cumsum(1) - ends  # episodes ended strictly before each step
         new = ends.sum(1)

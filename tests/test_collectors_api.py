@@ -3,6 +3,8 @@ Async collectors, ``cat_results`` layouts, per-batch arguments (postproc, replay
 track_traj_ids), ``set_seed``'s return, ``state_dict``, ``reset``, refused arguments. Where TorchRL's answer is a
 value (a seed, a layout), it is compared with TorchRL's own collector on the same envs."""
 import functools
+import json
+import os
 import time
 
 import pytest
@@ -151,8 +153,9 @@ def test_state_dict_round_trip_reaches_the_workers(no_leaks):
         it = iter(collector)
         next(it)
         state = collector.state_dict()
-        assert state["frames"] == 20 and state["iter"] == 1 and "bias" in state["policy_state_dict"]
-        state["policy_state_dict"]["bias"] = torch.tensor([0.0, 0.0, 1.0])
+        assert state["frames"] == 20 and state["iter"] == 1 and "policy_state_dict" not in state
+        assert torch.equal(state["worker1"]["policy_state_dict"]["bias"], policy.bias), "TorchRL's per-worker form"
+        state["worker0"]["policy_state_dict"]["bias"] = torch.tensor([0.0, 0.0, 1.0])
         state["frames"] = 1000
         collector.load_state_dict(state)
         assert collector.frames == 1000
@@ -188,7 +191,7 @@ def test_policy_factory_compile_policy_and_create_env_kwargs(no_leaks):
 
 @pytest.mark.parametrize("argument, value, message", [
     ("preemptive_threshold", 0.7, "preemption is not supported"),
-    ("trajs_per_batch", 2, "batches are counted in frames"),
+    ("weight_sync_schemes", {"policy": object()}, "one shared-memory copy"),
     ("use_buffers", False, "preallocated"),
     ("reset_when_done", False, "always reset a finished env"),
     ("cudagraph_policy", True, "CUDA graphs are not supported"),
@@ -244,3 +247,79 @@ def test_next_hooks_as_attributes_and_policy_versions(no_leaks):
     with Collector(COUNTING, None, frames_per_batch=10, total_frames=10, track_policy_version=True) as collector:
         collector.update_policy_weights_()
         assert collector.next()["policy_version"].eq(1).all()
+
+
+class PidStamp(torch.nn.Module):
+    """Acts with the argmax of its bias and records the process that built it."""
+
+    def __init__(self, favourite=0):
+        super().__init__()
+        self.built_in = os.getpid()
+        self.bias = torch.nn.Parameter(torch.zeros(3))
+        with torch.no_grad():
+            self.bias[favourite] = 1.0
+
+    def forward(self, obs):
+        return (obs[..., :1] * 0 + self.bias).argmax(-1)
+
+
+BUILT_HERE: list[int] = []  # the factory's calls in this process (a worker appends to its own copy)
+
+
+def build_pid_stamp():
+    BUILT_HERE.append(os.getpid())
+    return TensorDictModule(PidStamp(), ["observation"], ["action"])
+
+
+def test_policy_factory_builds_in_each_worker_and_takes_weights(no_leaks):
+    with MultiSyncCollector([COUNTING] * 2, policy_factory=build_pid_stamp, frames_per_batch=10,
+                            total_frames=-1) as collector:
+        it = iter(collector)
+        assert (next(it)["action"] == 0).all()
+        collector.update_policy_weights_(TensorDict({"module": {"bias": torch.tensor([0.0, 0.0, 1.0])}}))
+        assert (next(it)["action"] == 2).all(), "the weights passed reach the policies the workers built"
+        with pytest.raises(ValueError, match="holds none to read weights from"):
+            collector.update_policy_weights_()
+    assert BUILT_HERE == [], "the factory runs in the workers only, as TorchRL's"
+    source = TensorDictModule(PidStamp(), ["observation"], ["action"])  # the weights' source; workers build theirs
+    with MultiAsyncCollector([COUNTING] * 2, source, policy_factory=build_pid_stamp, frames_per_batch=10,
+                             total_frames=-1) as collector:
+        it = iter(collector)
+        next(it)
+        with torch.no_grad():
+            source.module.bias.copy_(torch.tensor([0.0, 1.0, 0.0]))
+        collector.update_policy_weights_()
+        assert any((next(it)["action"] == 1).all() for _ in range(4)), "workers act with the source's weights"
+
+
+def test_stats_private_keys_and_lazy_random_policy(no_leaks):
+    from torchrl.modules import RandomPolicy as TorchRLRandomPolicy
+
+    lazy = TorchRLRandomPolicy()
+    with Collector(COUNTING, lazy, frames_per_batch=10, total_frames=20) as collector:
+        assert lazy.action_spec is not None, "the collector gives a spec-less RandomPolicy the env's"
+        assert collector.stats() == {"frames": 0, "batches": 0, "requested_frames_per_batch": 10,
+                                     "policy_version": 0, "total_frames": 20, "completed": False}
+        list(collector)
+        assert json.loads(json.dumps(collector.stats()))["completed"] is True
+    private = TensorDictModule(lambda obs: (obs[..., 0].long() % 3, obs), ["observation"], ["action", "_copy"])
+    with MultiSyncCollector([COUNTING] * 2, private, frames_per_batch=10, total_frames=10,
+                            track_traj_ids=False) as collector:
+        batch = next(iter(collector))
+        assert "_copy" not in batch.keys() and "collector" not in batch.keys(), "TorchRL leaves both out"
+        per_worker = collector.stats(workers="both")
+        assert per_worker["workers"] == per_worker["workers_alive"] == 2 and per_worker["worker_1/frames"] == 5
+        with pytest.raises(ValueError, match="workers must be one of"):
+            collector.stats(workers="bogus")
+
+
+class TwoInputs(torch.nn.Module):
+    def forward(self, observation, not_an_observation):
+        return observation
+
+
+def test_unwrappable_module_is_a_type_error_in_this_process(no_leaks):
+    with pytest.raises(TypeError, match="Arguments to policy.forward are incompatible with entries in"):
+        MultiSyncCollector([COUNTING] * 2, TwoInputs(), frames_per_batch=10)
+    with pytest.raises(TypeError, match="not_an_observation"):
+        Collector(COUNTING, TwoInputs(), frames_per_batch=10)
