@@ -79,11 +79,31 @@ class CollectorBase:
             self._next_iter = iter(self)
         return next(self._next_iter, None)
 
+    #: where TorchRL runs pre_collect_hook / post_collect_hook: in this process (the batch yielded goes to the post
+    #: hook), or, for the process collectors, in each worker (around its share of the batch)
+    hooks_in_workers = False
+
     # TorchRL's hook attributes: settable after construction too
-    pre_collect_hook = property(lambda self: self.options.pre_collect_hook,
-                                lambda self, hook: setattr(self.options, "pre_collect_hook", hook))
-    post_collect_hook = property(lambda self: self.options.post_collect_hook,
-                                 lambda self, hook: setattr(self.options, "post_collect_hook", hook))
+    @property
+    def pre_collect_hook(self):
+        return self.options.pre_collect_hook
+
+    @pre_collect_hook.setter
+    def pre_collect_hook(self, hook) -> None:
+        self.options.pre_collect_hook = hook
+        self._hooks_changed()
+
+    @property
+    def post_collect_hook(self):
+        return self.options.post_collect_hook
+
+    @post_collect_hook.setter
+    def post_collect_hook(self, hook) -> None:
+        self.options.post_collect_hook = hook
+        self._hooks_changed()
+
+    def _hooks_changed(self) -> None:
+        """The hooks were set anew (the process collectors send them to their workers)."""
 
     def start(self) -> None:
         """Collect in the background into the ``replay_buffer`` until :meth:`async_shutdown` (TorchRL's ``start``);
@@ -158,7 +178,7 @@ class CollectorBase:
                 start = time.perf_counter()
                 if self.options.update_at_each_batch:
                     self.update_policy_weights_()
-                if self.options.pre_collect_hook is not None:
+                if self.options.pre_collect_hook is not None and not self.hooks_in_workers:
                     self.options.pre_collect_hook()
                 if not self._in_use.acquire(blocking=False):
                     raise RuntimeError(f"two threads iterate this {type(self).__name__} at once; their batches "
@@ -204,7 +224,7 @@ class CollectorBase:
             batch = batch.to(self.storing_device)
         if self.postproc is not None:
             batch = self.postproc(batch)
-        if self.options.post_collect_hook is not None:
+        if self.options.post_collect_hook is not None and not self.hooks_in_workers:
             self.options.post_collect_hook(batch)
         return batch
 

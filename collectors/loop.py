@@ -18,6 +18,7 @@ Consecutive batches continue the same episodes (the last root is carried over).
 """
 from __future__ import annotations
 
+import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import NonTensor
@@ -70,6 +71,7 @@ class BatchLoop:
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)  # steps of each env's running trajectory
         self.lean = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
+        self.pre_hook = self.post_hook = None  # see set_hooks
         self.counter_keys: set = set()  # entries the loop writes itself (max_frames_per_traj's step counts)
         self.root = env.reset()
         template = self._template()
@@ -141,6 +143,11 @@ class BatchLoop:
         self.reset_envs()
         return out
 
+    def set_hooks(self, hooks: bytes) -> None:
+        """TorchRL's ``pre_collect_hook()`` / ``post_collect_hook(batch)`` (cloudpickled, either may be None), run
+        by :meth:`collect` around each batch: how the process collectors run them in their workers."""
+        self.pre_hook, self.post_hook = cloudpickle.loads(hooks)
+
     def load_policy_weights(self, weights) -> None:
         """Copy ``weights`` (a TensorDict of the policy's parameters and buffers) into this loop's policy."""
         policy_weights_of(self.policy).update_(weights)
@@ -153,6 +160,8 @@ class BatchLoop:
     # ----------------------------------------------------------------- one batch
     def collect(self, random: bool = False) -> TensorDictBase:
         """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
+        if self.pre_hook is not None:
+            self.pre_hook()
         with self.grad_mode(), set_exploration_type(self.exploration_type):
             if self.lean and (self.env.is_closed or self.env.root_buffer is not self._bound_root):
                 self._rebind()
@@ -167,6 +176,8 @@ class BatchLoop:
         self._first = False
         if self.check_values:
             check_finite(self.storage.get("next"), "the collector", "step()")
+        if self.post_hook is not None:
+            self.post_hook(self.storage)
         return self.storage
 
     def _lean_step(self, t: int, random: bool) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 
+import cloudpickle
 import torch
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
@@ -74,6 +75,7 @@ class ProcessCollector(CollectorBase):
 
     owner = "ProcessCollector"
     per_worker_batches = False
+    hooks_in_workers = True  # as TorchRL's: each worker runs them around its share of every batch
 
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
                  num_workers: int | None = None, create_env_kwargs=None, device=None, env_device=None,
@@ -83,7 +85,8 @@ class ProcessCollector(CollectorBase):
                  mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
                  check_values: bool = False, return_same_td: bool = False, policy_factory=None,
-                 compile_policy=None, num_threads: int | None = None, **torchrl_kwargs):
+                 compile_policy=None, num_threads: int | None = None,
+                 auto_register_policy_transforms: bool | None = None, **torchrl_kwargs):
         exit_if_bootstrapping()
         owner = self.owner
         options = torchrl_options(owner, split_trajs=split_trajs, return_same_td=return_same_td, **torchrl_kwargs)
@@ -104,6 +107,8 @@ class ProcessCollector(CollectorBase):
         self._weights = SharedWeights(module) if module is not None else None
         self._versions_tensor = in_shared_memory(torch.full((num_workers,), -1, dtype=torch.int64), "the versions")
         config = {"policy_device": policy_device or device, "compile_policy": compile_policy,
+                  "register_transforms": auto_register_policy_transforms,
+                  "hooks": cloudpickle.dumps((options.pre_collect_hook, options.post_collect_hook)),
                   "owner": owner, "loop": loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type,
                                                        check_actions, check_values)}
         self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches)
@@ -154,6 +159,12 @@ class ProcessCollector(CollectorBase):
             for w, (frames, batches) in enumerate(zip(self._worker_frames, self._worker_batches)):
                 out.update({f"worker_{w}/frames": frames, f"worker_{w}/batches": batches})
         return out
+
+    def _hooks_changed(self) -> None:
+        if "_pool" in self.__dict__:
+            self._settle()
+            hooks = cloudpickle.dumps((self.options.pre_collect_hook, self.options.post_collect_hook))
+            self._pool.call("set_hooks", [(hooks,)] * self.num_workers)
 
     def _count_batches(self, workers: list[int], steps: int) -> None:
         """Per-worker counts for :meth:`stats`: each of ``workers`` delivered a batch of ``steps`` steps."""

@@ -27,8 +27,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
                                    "batch"),
     "weight_updater": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "weight_recv_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
-    "auto_register_policy_transforms": (None, "policy transforms are not registered on the env; put the "
-                                              "transform in the policy or in the env you build"),
     "compact_obs": (False, "batches keep TorchRL's full layout (root and next observations)"),
     "collector_class": (None, "every worker runs tdcollect's own collector loop"),
     "worker_idx": (None, "a worker's index is set by the collector that starts it"),

@@ -12,6 +12,7 @@ from .env_setup import check_env_device, make_batched_env
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
 from .policies import make_policy, one_policy, policy_module
+from .policy_transforms import with_policy_transforms
 from .weights import policy_weights_of, requested_weights
 
 
@@ -72,7 +73,7 @@ class Collector(CollectorBase):
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False, return_same_td: bool = False, create_env_kwargs: dict | None = None,
                  policy_factory=None, compile_policy=None, backend=None, num_collectors=None, sync=None,
-                 **torchrl_kwargs):
+                 auto_register_policy_transforms: bool | None = None, **torchrl_kwargs):
         options = torchrl_options("Collector", split_trajs=split_trajs, return_same_td=return_same_td,
                                   **torchrl_kwargs)
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
@@ -86,6 +87,7 @@ class Collector(CollectorBase):
             create_env_fn = functools.partial(create_env_fn, **create_env_kwargs)
         self.env, self._owns_env, self._unbatched = make_batched_env(create_env_fn, "Collector")
         try:
+            self.env = with_policy_transforms(self.env, policy, auto_register_policy_transforms, "Collector")
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
             self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device,
                                                self.env.full_observation_spec, self._unbatched), compile_policy)

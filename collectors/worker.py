@@ -13,6 +13,7 @@ from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
 from .env_setup import build_worker, worker_specs
 from .loop import BatchLoop
 from .options import compiled
+from .policy_transforms import with_policy_transforms
 
 
 def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weights, versions, config) -> None:
@@ -23,6 +24,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     try:
         env, policy, module, unbatched = build_worker(factory, policy_payload, config["policy_device"],
                                                       config["owner"])
+        env = with_policy_transforms(env, module, config["register_transforms"], config["owner"])
         policy = compiled(policy, config["compile_policy"])
         on_cpu = config["policy_device"] is None or torch.device(config["policy_device"]).type == "cpu"
         if weights is not None and on_cpu:
@@ -38,6 +40,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             return
         try:
             loop = BatchLoop(env, policy, steps, shared=True, inference_mode=True, **config["loop"])
+            loop.set_hooks(config["hooks"])
         except BaseException as exc:  # noqa: BLE001 - reported to the main process (the env closes below)
             channel.fail_start(exc, "start-up")
         seen = -1

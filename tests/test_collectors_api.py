@@ -4,6 +4,7 @@ track_traj_ids), ``set_seed``'s return, ``state_dict``, ``reset``, refused argum
 value (a seed, a layout), it is compared with TorchRL's own collector on the same envs."""
 import functools
 import json
+import multiprocessing
 import os
 import time
 
@@ -109,14 +110,27 @@ def test_async_collector_one_worker_and_weights(no_leaks):
 
 def test_postproc_replay_buffer_and_hooks(no_leaks):
     buffer = ReplayBuffer(storage=LazyTensorStorage(1000))
-    seen, calls = [], []
-    with MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, total_frames=60, replay_buffer=buffer,
-                            postproc=lambda td: td.set("doubled", td["next", "reward"] * 2),
-                            pre_collect_hook=lambda: calls.append("pre"),
-                            post_collect_hook=lambda td: seen.append(td.batch_size)) as collector:
-        yielded = list(collector)
-    assert yielded == [None] * 3, "with a replay buffer the batches go there and the iteration yields None"
-    assert len(buffer) == 60 and calls == ["pre"] * 3 and seen == [(2, 10)] * 3
+    manager = multiprocessing.Manager()  # the hooks run in the workers, as TorchRL's
+    calls = manager.list()
+    try:
+        with MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, total_frames=60, replay_buffer=buffer,
+                                postproc=lambda td: td.set("doubled", td["next", "reward"] * 2),
+                                pre_collect_hook=lambda: calls.append(("pre", os.getpid())),
+                                post_collect_hook=lambda td: calls.append(("post", os.getpid(), td.numel()))
+                                ) as collector:
+            yielded = list(collector)
+            late = collector.pre_collect_hook = lambda: calls.append(("late", os.getpid()))  # noqa: F841
+            collector.total_frames = 80
+            yielded += list(collector)
+        calls = list(calls)
+    finally:
+        manager.shutdown()
+    assert yielded == [None] * 4, "with a replay buffer the batches go there and the iteration yields None"
+    assert len(buffer) == 80
+    workers = {call[1] for call in calls}
+    assert len(workers) == 2 and os.getpid() not in workers, "each worker runs the hooks"
+    assert sorted(call[0] for call in calls) == ["late"] * 2 + ["post"] * 8 + ["pre"] * 6
+    assert all(call[2] == 10 for call in calls if call[0] == "post"), "around the worker's share of the batch"
     sample = buffer.sample(8)
     assert torch.equal(sample["doubled"], sample["next", "reward"] * 2)
     with pytest.raises(TypeError, match="return_same_td must be False"):
@@ -235,18 +249,18 @@ def test_next_hooks_as_attributes_and_policy_versions(no_leaks):
     policy = ConstantAction(3, favourite=0)
     with MultiSyncCollector([COUNTING] * 2, policy, frames_per_batch=10, total_frames=30,
                             track_policy_version=True) as collector:
-        seen = []
-        collector.post_collect_hook = lambda td: seen.append(td.numel())
         first = collector.next()
         assert first["policy_version"].eq(0).all() and first["next", "policy_version"].shape == (2, 5)
         collector.update_policy_weights_()
         assert collector.get_policy_version() == collector.policy_version == 1
         assert collector.next()["policy_version"].eq(1).all()
         assert collector.next() is not None and collector.next() is None  # total_frames=30: three batches
-        assert seen == [10, 10, 10]
+    seen = []
     with Collector(COUNTING, None, frames_per_batch=10, total_frames=10, track_policy_version=True) as collector:
+        collector.post_collect_hook = seen.append  # in this process: the batch yielded, as TorchRL's Collector
         collector.update_policy_weights_()
         assert collector.next()["policy_version"].eq(1).all()
+    assert len(seen) == 1 and seen[0].batch_size == (10,)
 
 
 class PidStamp(torch.nn.Module):
