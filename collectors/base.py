@@ -278,11 +278,13 @@ class CollectorBase:
     @property
     def _weight_sync_schemes(self) -> dict:
         """TorchRL's name for how the policy's weights reach the workers: ``{"policy": scheme}``, the scheme
-        passed or TorchRL's ``SharedMemWeightSyncScheme`` (what tdcollect's shared weights are)."""
+        passed or TorchRL's ``SharedMemWeightSyncScheme`` (what tdcollect's shared weights are); ``{}`` for a policy
+        without weights."""
         if self.options.weight_sync_schemes is None:
             from torchrl.weight_update import SharedMemWeightSyncScheme
 
-            self.options.weight_sync_schemes = {"policy": SharedMemWeightSyncScheme()}
+            has_weights = self._policy_module() is not None  # a stateless policy has nothing to send
+            self.options.weight_sync_schemes = {"policy": SharedMemWeightSyncScheme()} if has_weights else {}
         return self.options.weight_sync_schemes
 
     # TorchRL's attribute names for the whole-trajectory arguments

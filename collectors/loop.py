@@ -30,7 +30,8 @@ from tdcollect.envs.recorder import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite
 
-from .policies import ActionSampler, DirectModule, RandomPolicy
+from .policies import ActionSampler, DirectModule, RandomPolicy, policy_module
+from .remote_calls import dump_env_transform
 from .stats import done_leaves, ends_of
 from .weights import policy_weights_of
 
@@ -143,14 +144,40 @@ class BatchLoop:
         self.reset_envs()
         return out
 
+    # ------------------------------------------------ TorchRL's remote helpers (see remote_calls.py)
+    worker_idx = None  # set by the process collector's worker
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.n_envs * self.steps
+
+    def call_method(self, name: str, args: tuple, kwargs: dict):
+        """``self.<name>(*args, **kwargs)``: what the process collectors' ``map_fn`` runs in each worker."""
+        return getattr(self, name)(*args, **kwargs)
+
+    def get_distant_attr(self, name: str):
+        return getattr(self, name)
+
+    def _dump_env_transform(self, step: int | None = None) -> None:
+        dump_env_transform(self.env, step)
+
     def set_hooks(self, hooks: bytes) -> None:
         """TorchRL's ``pre_collect_hook()`` / ``post_collect_hook(batch)`` (cloudpickled, either may be None), run
         by :meth:`collect` around each batch: how the process collectors run them in their workers."""
         self.pre_hook, self.post_hook = cloudpickle.loads(hooks)
 
-    def load_policy_weights(self, weights) -> None:
-        """Copy ``weights`` (a TensorDict of the policy's parameters and buffers) into this loop's policy."""
+    def load_policy_weights(self, weights) -> bool:
+        """Copy ``weights`` (a TensorDict of the policy's parameters and buffers) into this loop's policy; False
+        when the policy is not an ``nn.Module`` (it has no weights)."""
+        if policy_module(self.policy) is None:
+            return False
         policy_weights_of(self.policy).update_(weights)
+        return True
+
+    def policy_state_dict(self) -> dict:
+        """The state dict of this loop's policy (``{}`` for a policy that is not an ``nn.Module``)."""
+        module = policy_module(self.policy)
+        return {} if module is None else module.state_dict()
 
     def reset_envs(self) -> None:
         """Every env starts a new episode (the next batch begins with a reset)."""

@@ -27,6 +27,7 @@ from .env_setup import check_same_entries, prepare_workers
 from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
 from .options import rounded_steps, torchrl_options
 from .policies import UNWRAPPABLE
+from .remote_calls import WorkerCalls
 from .weights import SharedWeights, policy_weights_of, requested_weights
 from .worker import run_collector_worker
 
@@ -70,7 +71,7 @@ class StorageHandshake:
         check_same_entries(self.storages, self.owner, "worker")
 
 
-class ProcessCollector(CollectorBase):
+class ProcessCollector(WorkerCalls, CollectorBase):
     """See the module docstring; the arguments are :class:`~tdcollect.collectors.MultiSyncCollector`'s."""
 
     owner = "ProcessCollector"
@@ -86,7 +87,7 @@ class ProcessCollector(CollectorBase):
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
                  check_values: bool = False, return_same_td: bool = False, policy_factory=None,
                  compile_policy=None, num_threads: int | None = None,
-                 auto_register_policy_transforms: bool | None = None, **torchrl_kwargs):
+                 auto_register_policy_transforms: bool | None = None, init_fn=None, **torchrl_kwargs):
         exit_if_bootstrapping()
         owner = self.owner
         options = torchrl_options(owner, split_trajs=split_trajs, return_same_td=return_same_td, **torchrl_kwargs)
@@ -109,6 +110,7 @@ class ProcessCollector(CollectorBase):
         config = {"policy_device": policy_device or device, "compile_policy": compile_policy,
                   "register_transforms": auto_register_policy_transforms,
                   "hooks": cloudpickle.dumps((options.pre_collect_hook, options.post_collect_hook)),
+                  "init_fn": cloudpickle.dumps(init_fn) if init_fn is not None else None,
                   "owner": owner, "loop": loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type,
                                                        check_actions, check_values)}
         self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches)
@@ -210,10 +212,16 @@ class ProcessCollector(CollectorBase):
         :meth:`update_policy_weights_`)."""
         state = super().state_dict()
         state.pop("policy_state_dict", None)
-        acted = ({key: value.clone() for key, value in self._weights.params.flatten_keys(".").items()}
-                 if self._weights is not None else None)
-        for w in range(self.num_workers):
-            state[f"worker{w}"] = {"policy_state_dict": dict(acted)} if acted is not None else {}
+        if self._weights is not None:
+            acted = {key: value.clone() for key, value in self._weights.params.flatten_keys(".").items()}
+            per_worker = [dict(acted) for _ in range(self.num_workers)]
+        elif self._built_in_workers:  # each worker holds the weights of the policy it built
+            self._settle()
+            per_worker = self._pool.call("policy_state_dict", [()] * self.num_workers)
+        else:
+            per_worker = [{}] * self.num_workers
+        for w, policy_state in enumerate(per_worker):
+            state[f"worker{w}"] = {"policy_state_dict": policy_state} if policy_state else {}
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
@@ -233,7 +241,10 @@ class ProcessCollector(CollectorBase):
             self._weights.publish(policy_weights if policy_weights is not None else self.policy)
         elif self._built_in_workers and policy_weights is not None:  # policy_factory only: each worker loads them
             self._settle()
-            self._pool.call("load_policy_weights", [(policy_weights_of(policy_weights),)] * self.num_workers)
+            if not all(self._pool.call("load_policy_weights", [(policy_weights_of(policy_weights),)] *
+                                       self.num_workers)):
+                raise TypeError(f"{self.owner}: update_policy_weights_(weights) requires an nn.Module policy; the "
+                                "policy the workers built with policy_factory has no weights.")
             self.increment_version()
         elif self._built_in_workers:
             raise ValueError(f"{self.owner}: the policies were built in the workers by policy_factory and this "

@@ -29,9 +29,11 @@ class MultiSyncCollector(ProcessCollector):
             whose weights live in shared memory (see :meth:`update_policy_weights_`).
         frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
         reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type, postproc,
-        replay_buffer, extend_buffer, set_truncated, track_traj_ids, pre_collect_hook, post_collect_hook,
-        update_at_each_batch, compile_policy (in each worker), num_threads (this process' torch threads),
-        cat_results, create_env_kwargs, trust_policy, no_cuda_sync: as in TorchRL (``exploration_type`` default
+        replay_buffer, extend_buffer, trajs_per_batch, trajs_per_write, traj_format, set_truncated, track_traj_ids,
+        pre_collect_hook and post_collect_hook (run in each worker), update_at_each_batch, compile_policy (in each
+        worker), init_fn (called first in each worker), auto_register_policy_transforms, weight_sync_schemes,
+        num_threads (this process' torch threads), cat_results, create_env_kwargs, trust_policy, no_cuda_sync: as
+        in TorchRL (``exploration_type`` default
         ``ExplorationType.RANDOM``, applied in every worker; the few refused TorchRL arguments are in
         ``collectors/options.py``, each with its reason).
         check_actions, check_values: as for :class:`~tdcollect.collectors.Collector`.

@@ -29,7 +29,7 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "weight_recv_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "compact_obs": (False, "batches keep TorchRL's full layout (root and next observations)"),
     "collector_class": (None, "every worker runs tdcollect's own collector loop"),
-    "worker_idx": (None, "a worker's index is set by the collector that starts it"),
+    "worker_idx": (None, "a worker's index is set by the collector that starts it (Collector takes one)"),
     "backend_options": (None, "the process backend takes no options here"),
     "num_sub_threads": (1, "each worker steps its envs on one thread"),
 }

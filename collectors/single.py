@@ -13,10 +13,11 @@ from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
 from .policies import make_policy, one_policy, policy_module
 from .policy_transforms import with_policy_transforms
+from .remote_calls import LocalCalls
 from .weights import policy_weights_of, requested_weights
 
 
-class Collector(CollectorBase):
+class Collector(LocalCalls, CollectorBase):
     """Yields TensorDicts ``[*env.batch_size, T]`` with ``n_envs * T == frames_per_batch`` (TorchRL keys and layout,
     time last, ``("collector", "traj_ids")``; an unbatched env gives ``[T]``, as in TorchRL); consecutive batches
     continue the same episodes.
@@ -73,7 +74,8 @@ class Collector(CollectorBase):
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False, return_same_td: bool = False, create_env_kwargs: dict | None = None,
                  policy_factory=None, compile_policy=None, backend=None, num_collectors=None, sync=None,
-                 auto_register_policy_transforms: bool | None = None, **torchrl_kwargs):
+                 auto_register_policy_transforms: bool | None = None, worker_idx: int | None = None,
+                 **torchrl_kwargs):
         options = torchrl_options("Collector", split_trajs=split_trajs, return_same_td=return_same_td,
                                   **torchrl_kwargs)
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
@@ -82,6 +84,7 @@ class Collector(CollectorBase):
                          return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
                          compile_policy=compile_policy)
         check_env_device(env_device, "Collector")
+        self.worker_idx = worker_idx  # TorchRL's label for a collector that is one worker of several
         policy = one_policy(policy, policy_factory, "Collector")
         if create_env_kwargs and callable(create_env_fn) and not hasattr(create_env_fn, "batch_size"):
             create_env_fn = functools.partial(create_env_fn, **create_env_kwargs)

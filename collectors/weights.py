@@ -29,9 +29,16 @@ def policy_weights_of(source) -> TensorDictBase:
 
 
 def requested_weights(policy_weights, kwargs: dict, ignored: tuple[str, ...] = ()):
-    """The weights an ``update_policy_weights_`` call asks for: ``policy_weights`` or TorchRL's keyword
-    ``policy_or_weights``; the keywords in ``ignored`` are accepted and dropped, any other is a ``TypeError``."""
+    """The weights an ``update_policy_weights_`` call asks for: ``policy_weights``, or TorchRL's keywords
+    ``policy_or_weights`` and ``weights_dict={"policy": weights}``; the keywords in ``ignored`` are accepted and
+    dropped, any other is a ``TypeError``."""
     weights = kwargs.pop("policy_or_weights", policy_weights)
+    by_model = kwargs.pop("weights_dict", None)  # TorchRL's {model id: weights}; the policy is the one model here
+    if by_model is not None:
+        if set(by_model) - {"policy"}:
+            raise ValueError(f"update_policy_weights_(weights_dict=...): only the policy's weights (key 'policy') "
+                             f"reach the workers, got keys {sorted(by_model)}.")
+        weights = by_model.get("policy", weights)
     for name in ignored:
         kwargs.pop(name, None)
     if kwargs:

@@ -5,6 +5,7 @@ filling its storage in shared memory. Its messages and commands are part of the 
 the loop."""
 from __future__ import annotations
 
+import cloudpickle
 import torch
 from tensordict import TensorDict
 
@@ -22,6 +23,8 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     channel.start()
     env = None
     try:
+        if config["init_fn"] is not None:  # TorchRL's init_fn: first thing in every worker
+            cloudpickle.loads(config["init_fn"])()
         env, policy, module, unbatched = build_worker(factory, policy_payload, config["policy_device"],
                                                       config["owner"])
         env = with_policy_transforms(env, module, config["register_transforms"], config["owner"])
@@ -41,6 +44,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
         try:
             loop = BatchLoop(env, policy, steps, shared=True, inference_mode=True, **config["loop"])
             loop.set_hooks(config["hooks"])
+            loop.worker_idx = channel.index
         except BaseException as exc:  # noqa: BLE001 - reported to the main process (the env closes below)
             channel.fail_start(exc, "start-up")
         seen = -1

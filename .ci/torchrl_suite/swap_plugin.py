@@ -5,7 +5,8 @@ collectors (``TDSWAP_SUITE=collectors``: ``Collector``, ``MultiSyncCollector``, 
 ``AsyncCollector``) under TorchRL's names before the test modules import them; ``TDSWAP=torchrl`` keeps TorchRL's
 classes (the reference run). Selection: ``TDSWAP_ONLY_PARALLEL=1`` keeps the tests whose source mentions
 ``ParallelEnv`` (or builds one through ``_make_envs`` / the ``maybe_fork_ParallelEnv`` fixture);
-``TDSWAP_SELECT=<file>`` keeps the node ids listed in that file (one per line, ``#`` comments).
+``TDSWAP_SELECT=<file>`` keeps the node ids listed in that file (one per line, ``#`` comments), less those that
+start with a prefix listed in ``TDSWAP_SKIP=<file>`` (same format).
 ``TDSWAP_RECORD=<file.json>`` writes per test the collector classes it constructed in this process and its
 outcome: ``{node id: {"built": [names], "outcome": str}}`` (how the selection was made).
 """
@@ -68,7 +69,12 @@ def pytest_collection_modifyitems(config, items):
     elif os.environ.get("TDSWAP_SELECT"):
         with open(os.environ["TDSWAP_SELECT"]) as f:
             wanted = {line.split("#")[0].strip() for line in f} - {""}
-        keep = [item for item in items if item.nodeid in wanted]
+        skipped: set = set()
+        if os.environ.get("TDSWAP_SKIP"):
+            with open(os.environ["TDSWAP_SKIP"]) as f:
+                skipped = {line.split("#")[0].strip() for line in f} - {""}
+        keep = [item for item in items if item.nodeid in wanted  # skip prefixes are relative to test/, as reported
+                and not any(item.nodeid.removeprefix("test/").startswith(prefix) for prefix in skipped)]
     else:
         return
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
