@@ -31,6 +31,7 @@ from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite
 
 from .policies import ActionSampler, DirectModule, RandomPolicy, policy_module
+from .profiling import RolloutProfiler
 from .remote_calls import dump_env_transform
 from .stats import done_leaves, ends_of
 from .weights import policy_weights_of
@@ -73,6 +74,7 @@ class BatchLoop:
         self.lean = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
         self.pre_hook = self.post_hook = None  # see set_hooks
+        self.profiler = None  # see enable_profile
         self.counter_keys: set = set()  # entries the loop writes itself (max_frames_per_traj's step counts)
         self.root = env.reset()
         template = self._template()
@@ -161,6 +163,10 @@ class BatchLoop:
     def _dump_env_transform(self, step: int | None = None) -> None:
         dump_env_transform(self.env, step)
 
+    def enable_profile(self, config: bytes) -> None:
+        """Profile the next rollouts as TorchRL's ``ProfileConfig`` (cloudpickled) says (see ``profiling.py``)."""
+        self.profiler = RolloutProfiler(cloudpickle.loads(config), self.worker_idx or 0)
+
     def set_hooks(self, hooks: bytes) -> None:
         """TorchRL's ``pre_collect_hook()`` / ``post_collect_hook(batch)`` (cloudpickled, either may be None), run
         by :meth:`collect` around each batch: how the process collectors run them in their workers."""
@@ -189,6 +195,8 @@ class BatchLoop:
         """Fill ``self.storage`` with the next ``steps`` steps of every env; returns it (not a copy)."""
         if self.pre_hook is not None:
             self.pre_hook()
+        if self.profiler is not None:
+            self.profiler.before()
         with self.grad_mode(), set_exploration_type(self.exploration_type):
             if self.lean and (self.env.is_closed or self.env.root_buffer is not self._bound_root):
                 self._rebind()
@@ -203,6 +211,8 @@ class BatchLoop:
         self._first = False
         if self.check_values:
             check_finite(self.storage.get("next"), "the collector", "step()")
+        if self.profiler is not None:
+            self.profiler.after()
         if self.post_hook is not None:
             self.post_hook(self.storage)
         return self.storage

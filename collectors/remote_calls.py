@@ -1,12 +1,16 @@
 """TorchRL's remote helpers on a collector: ``map_fn(method_name, list_of_args, list_of_kwargs)``,
-``get_distant_attr(name)`` and ``_dump_env_transform(step)`` (what TorchRL's ``Evaluator`` calls to save the videos
-of a recorder transform).
+``get_distant_attr(name)``, ``_dump_env_transform(step)`` (what TorchRL's ``Evaluator`` calls to save the videos
+of a recorder transform) and ``enable_profile(...)`` (see ``profiling.py``).
 
 On :class:`~tdcollect.collectors.Collector` they reach the collector itself. On the process collectors each call
 goes to every worker's collector loop (``BatchLoop``, which knows ``worker_idx``, ``frames_per_batch`` and its env),
 through the worker protocol's ``CALL``.
 """
 from __future__ import annotations
+
+import cloudpickle
+
+from .profiling import RolloutProfiler, profile_config
 
 
 def paired_arguments(list_of_args, list_of_kwargs, expected: int | None = None) -> list[tuple[tuple, dict]]:
@@ -48,6 +52,12 @@ class LocalCalls:
     def _dump_env_transform(self, step: int | None = None) -> None:
         dump_env_transform(getattr(self, "env", None), step)
 
+    def enable_profile(self, **settings) -> None:
+        """TorchRL's ``enable_profile`` (``num_rollouts``, ``warmup_rollouts``, ``save_path``, ``activities``, ...;
+        ``workers`` is ignored): the rollouts run here, so they are profiled here."""
+        self.profile_config = profile_config(type(self).__name__, self.batches > 0, **settings)
+        self._loop.profiler = RolloutProfiler(self.profile_config, 0)
+
 
 class WorkerCalls:
     """The helpers for the process collectors: one call per worker, on its collector loop."""
@@ -59,3 +69,11 @@ class WorkerCalls:
 
     def get_distant_attr(self, name: str) -> list:
         return self.map_fn("get_distant_attr", [(name,)] * self.num_workers)
+
+    def enable_profile(self, **settings) -> None:
+        """TorchRL's ``enable_profile``: the rollouts of the ``workers`` given (default ``[0]``) are profiled in
+        those workers, each writing its own trace (``{worker_idx}`` in ``save_path``)."""
+        self.profile_config = profile_config(self.owner, self.batches > 0, **settings)
+        workers = [w for w in self.profile_config.workers if 0 <= w < self.num_workers]
+        self._settle()
+        self._pool.call("enable_profile", [(cloudpickle.dumps(self.profile_config),)] * len(workers), workers)
