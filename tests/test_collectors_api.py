@@ -337,3 +337,26 @@ def test_unwrappable_module_is_a_type_error_in_this_process(no_leaks):
         MultiSyncCollector([COUNTING] * 2, TwoInputs(), frames_per_batch=10)
     with pytest.raises(TypeError, match="not_an_observation"):
         Collector(COUNTING, TwoInputs(), frames_per_batch=10)
+
+
+def mark_process():
+    os.environ["TDCOLLECT_TEST_INIT_FN"] = "ran"
+
+
+def test_remote_helpers_init_fn_and_profiling(tmp_path, no_leaks):
+    with MultiAsyncCollector([COUNTING] * 2, None, frames_per_batch=10, total_frames=40, init_fn=mark_process) as c:
+        assert c.get_distant_attr("worker_idx") == [0, 1]
+        assert c.map_fn("get_distant_attr", [("frames_per_batch",)] * 2) == [10, 10]  # a worker's own batch
+        with pytest.raises(ValueError, match="Expected 2 argument entries"):
+            c.map_fn("get_distant_attr", [("worker_idx",)])
+        c.enable_profile(workers=[1], num_rollouts=2, warmup_rollouts=1, save_path=str(tmp_path / "w{worker_idx}.json"))
+        list(c)
+        with pytest.raises(RuntimeError, match="after iteration has started"):
+            c.enable_profile()
+    assert (tmp_path / "w1.json").exists() and not (tmp_path / "w0.json").exists(), "worker 1 only, in the worker"
+    assert "TDCOLLECT_TEST_INIT_FN" not in os.environ, "init_fn ran in the workers, not here"
+    with Collector(COUNTING, None, frames_per_batch=10, total_frames=30) as c:
+        assert c.map_fn("get_distant_attr", [("frames_per_batch",), ("total_frames",)]) == [10, 30]
+        c.enable_profile(num_rollouts=2, warmup_rollouts=0, save_path=str(tmp_path / "main{worker_idx}.json"))
+        list(c)
+    assert (tmp_path / "main0.json").exists()
