@@ -84,22 +84,13 @@ class CollectorBase:
     hooks_in_workers = False
 
     # TorchRL's hook attributes: settable after construction too
-    @property
-    def pre_collect_hook(self):
-        return self.options.pre_collect_hook
+    pre_collect_hook = property(lambda self: self.options.pre_collect_hook,
+                                lambda self, hook: self._set_hook("pre_collect_hook", hook))
+    post_collect_hook = property(lambda self: self.options.post_collect_hook,
+                                 lambda self, hook: self._set_hook("post_collect_hook", hook))
 
-    @pre_collect_hook.setter
-    def pre_collect_hook(self, hook) -> None:
-        self.options.pre_collect_hook = hook
-        self._hooks_changed()
-
-    @property
-    def post_collect_hook(self):
-        return self.options.post_collect_hook
-
-    @post_collect_hook.setter
-    def post_collect_hook(self, hook) -> None:
-        self.options.post_collect_hook = hook
+    def _set_hook(self, name: str, hook) -> None:
+        setattr(self.options, name, hook)
         self._hooks_changed()
 
     def _hooks_changed(self) -> None:
