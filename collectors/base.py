@@ -278,6 +278,11 @@ class CollectorBase:
             self.options.weight_sync_schemes = {"policy": SharedMemWeightSyncScheme()} if has_weights else {}
         return self.options.weight_sync_schemes
 
+    # TorchRL's internal names that its own tools and tests read: read-only views of ours
+    _frames = property(lambda self: self.frames)
+    _iter = property(lambda self: self.batches - 1)  # TorchRL counts batches from -1
+    _use_buffers = True  # every batch goes into preallocated (shared-memory) buffers
+
     # TorchRL's attribute names for the whole-trajectory arguments
     trajs_per_batch = property(lambda self: self.options.trajs_per_batch)
     trajs_per_write = property(lambda self: self.options.trajs_per_write)
@@ -309,9 +314,11 @@ class CollectorBase:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        """TorchRL's collector checkpoint: ``{"policy_state_dict": ..., "frames": int, "iter": int}`` (the policy
-        entry when the policy is an ``nn.Module``)."""
-        state = {"frames": self.frames, "iter": self.batches}
+        """TorchRL's collector checkpoint: ``{"policy_state_dict": ..., "frames": int, "iter": int, "traj_pool":
+        {"traj_id": the last trajectory id given}}`` (``iter`` as TorchRL counts it: batches - 1; the policy entry
+        when the policy is an ``nn.Module``)."""
+        last_id = self._tracker.next_id - 1 if self._tracker is not None else -1
+        state = {"frames": self.frames, "iter": self.batches - 1, "traj_pool": {"traj_id": torch.tensor(last_id)}}
         if self.options.track_policy_version:
             state["policy_version"] = self.policy_version
         module = self._policy_module()
@@ -334,10 +341,18 @@ class CollectorBase:
         if self.options.track_policy_version and "policy_version" in state_dict:
             self._restore_version(int(state_dict["policy_version"]))
         self.frames = int(state_dict.get("frames", self.frames))
-        self.batches = int(state_dict.get("iter", self.batches))
+        self.batches = int(state_dict.get("iter", self.batches - 1)) + 1
+        if "traj_pool" in state_dict:  # the envs go on with new trajectories, numbered after the saved ones
+            self._tracker = TrajectoryTracker(self._envs_count())
+            self._tracker.next_id = int(state_dict["traj_pool"]["traj_id"]) + 1
+            self._tracker.restart(range(self._envs_count()))
 
     def _policy_module(self):
         return None
+
+    def _envs_count(self) -> int:
+        """How many envs the collector steps (rows of its batches before TorchRL's layout)."""
+        raise NotImplementedError
 
     def stats(self) -> dict:
         """TorchRL's progress snapshot (plain numbers, JSON-serialisable, safe from any thread): ``frames``,

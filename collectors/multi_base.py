@@ -206,6 +206,9 @@ class ProcessCollector(WorkerCalls, CollectorBase):
     def _policy_module(self):
         return self._module
 
+    def _envs_count(self) -> int:
+        return sum(self.envs_per_worker)
+
     def state_dict(self) -> dict:
         """TorchRL's multi-process checkpoint: ``{"worker<w>": {"policy_state_dict": ...}, "frames", "iter"}``,
         each worker's entry holding the weights it acts with (the shared copy of the last
@@ -222,6 +225,8 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             per_worker = [{}] * self.num_workers
         for w, policy_state in enumerate(per_worker):
             state[f"worker{w}"] = {"policy_state_dict": policy_state} if policy_state else {}
+            if self.options.track_policy_version:  # the workers share one copy, so one version
+                state[f"worker{w}"]["policy_version"] = self.policy_version
         return state
 
     def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:

@@ -334,6 +334,9 @@ class RayCollector(CollectorBase):
         return self._call([actor.set_seed.remote(seeds[first], self._steps, static_seed)
                            for actor, first in zip(self._actors, firsts)], "set_seed")[-1]
 
+    def _envs_count(self) -> int:
+        return sum(self.envs_per_worker)
+
     def _policy_module(self):
         return self._module
 

@@ -128,6 +128,9 @@ class Collector(LocalCalls, CollectorBase):
     def _policy_module(self):
         return self._module
 
+    def _envs_count(self) -> int:
+        return self.env.batch_size.numel()
+
     def update_policy_weights_(self, policy_weights=None, **kwargs) -> None:
         """The policy runs in this process, so it always acts with its current weights; with
         ``policy_weights`` (a TensorDict or a module of the same structure; TorchRL's ``policy_or_weights``),

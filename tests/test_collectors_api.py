@@ -167,13 +167,16 @@ def test_state_dict_round_trip_reaches_the_workers(no_leaks):
         it = iter(collector)
         next(it)
         state = collector.state_dict()
-        assert state["frames"] == 20 and state["iter"] == 1 and "policy_state_dict" not in state
+        assert state["frames"] == 20 and state["iter"] == 0 and "policy_state_dict" not in state  # TorchRL: batches - 1
+        assert state["traj_pool"]["traj_id"] == 1, "two envs, one trajectory each so far"
         assert torch.equal(state["worker1"]["policy_state_dict"]["bias"], policy.bias), "TorchRL's per-worker form"
         state["worker0"]["policy_state_dict"]["bias"] = torch.tensor([0.0, 0.0, 1.0])
         state["frames"] = 1000
         collector.load_state_dict(state)
         assert collector.frames == 1000
-        assert (next(it)["action"] == 2).all(), "loaded weights reach every worker"
+        after = next(it)
+        assert (after["action"] == 2).all(), "loaded weights reach every worker"
+        assert after["collector", "traj_ids"].min() > 1, "trajectories after a restore are numbered after the saved"
     with Collector(SerialEnv(1, COUNTING), None, frames_per_batch=10) as collector:
         with pytest.raises(ValueError, match="holds policy weights"):
             collector.load_state_dict({"policy_state_dict": {}, "frames": 0, "iter": 0})
