@@ -243,7 +243,11 @@ class BatchLoop:
             self._truncate_long_trajectories(t)
 
     def _generic_step(self, t: int, random: bool) -> None:
-        td = self.root.update(self.random_actions.sample()) if random else self.policy(self.root)
+        if random:
+            td = self.root.update(self.random_actions.sample())
+        else:  # a policy may return a new TensorDict (its outputs only), as TorchRL's collectors allow
+            out = self.policy(self.root)
+            td = out if out is self.root else self.root.update(out)
         td, self.root = self.env.step_and_maybe_reset(td)
         self.views[t].update_(td.select(*self.storage_keys, strict=False))
         if self.max_frames_per_traj:
