@@ -66,6 +66,7 @@ class CollectorBase:
         self._background: threading.Thread | None = None  # start()'s collection
         self._background_error: BaseException | None = None
         self._running, self._stopping = threading.Event(), False
+        self._parked = threading.Event()  # the background collection waits in pause()
 
     steps_per_batch = staticmethod(rounded_steps)
 
@@ -111,7 +112,7 @@ class CollectorBase:
     def _collect_in_background(self) -> None:
         try:
             for _ in self:
-                self._running.wait()
+                self._hold_while_paused()
                 if self._closed or self._stopping:
                     return
         except BaseException as exc:  # noqa: BLE001 - kept and raised by async_shutdown in the caller's thread
@@ -119,14 +120,22 @@ class CollectorBase:
                 self._background_error = exc
 
     def _hold_while_paused(self) -> None:
-        """In a :meth:`start`-ed collection, nothing reaches the replay buffer while :meth:`pause` holds."""
+        """In a :meth:`start`-ed collection, nothing reaches the replay buffer while :meth:`pause` holds (the
+        background thread parks here, with the workers idle)."""
         if self._background is not None and threading.current_thread() is self._background:
-            self._running.wait()
+            if not self._running.is_set():
+                self._parked.set()
+                self._running.wait()
+                self._parked.clear()
 
     @contextlib.contextmanager
     def pause(self):
-        """While the block runs, a collector :meth:`start`-ed collects no new batch (the one under way finishes)."""
+        """While the block runs, a collector :meth:`start`-ed collects no new batch and writes nothing: entering
+        waits for the batch under way to finish, so the block may call the collector (``map_fn``, weights, ...)."""
         self._running.clear()
+        background = self._background
+        while background is not None and background.is_alive() and not self._parked.wait(0.05):
+            pass
         try:
             yield
         finally:

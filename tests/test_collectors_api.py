@@ -363,3 +363,18 @@ def test_remote_helpers_init_fn_and_profiling(tmp_path, no_leaks):
         c.enable_profile(num_rollouts=2, warmup_rollouts=0, save_path=str(tmp_path / "main{worker_idx}.json"))
         list(c)
     assert (tmp_path / "main0.json").exists()
+
+
+def test_pause_parks_a_started_collection_so_the_workers_take_calls(no_leaks):
+    buffer = ReplayBuffer(storage=LazyTensorStorage(100_000))
+    collector = MultiAsyncCollector([COUNTING] * 2, None, frames_per_batch=10, total_frames=-1, replay_buffer=buffer)
+    collector.start()
+    try:
+        for _ in range(3):
+            with collector.pause():
+                held = len(buffer)
+                assert collector.get_distant_attr("worker_idx") == [0, 1], "no batch in flight: the workers answer"
+                time.sleep(0.2)
+                assert len(buffer) == held, "nothing is written while paused"
+    finally:
+        collector.async_shutdown()
