@@ -132,6 +132,7 @@ class CollectorBase:
     def pause(self):
         """While the block runs, a collector :meth:`start`-ed collects no new batch and writes nothing: entering
         waits for the batch under way to finish, so the block may call the collector (``map_fn``, weights, ...)."""
+        self._parked.clear()  # (a park from an earlier pause may not be cleared yet)
         self._running.clear()
         background = self._background
         while background is not None and background.is_alive() and not self._parked.wait(0.05):
