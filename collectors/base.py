@@ -201,8 +201,9 @@ class CollectorBase:
                     batch = batch.exclude(TRAJ_KEY)
                     if not batch.get("collector").keys():
                         batch = batch.exclude("collector")
-                if self._exclude_private_keys:
-                    batch = batch.exclude(*[key for key in batch.keys(True) if _is_private(key)])
+                private = [key for key in batch.keys(True) if _is_private(key)] if self._exclude_private_keys else []
+                if private:  # (a new TensorDict only then: return_same_td keeps yielding the same one)
+                    batch = batch.exclude(*private)
                 self.frames += batch.numel()
                 self.batches += 1
                 if bar is not None:
