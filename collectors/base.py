@@ -20,6 +20,7 @@ from tensordict import TensorDictBase
 
 from tdcollect.envs.recycle import Recycler
 
+from .buffer_writes import extend, write_batch
 from .options import BatchOptions, rounded_steps
 from .stats import TRAJ_KEY, TrajectoryTracker
 from .trajectories import TrajectoryAssembler
@@ -167,7 +168,7 @@ class CollectorBase:
                 yield batch
                 continue
             self._hold_while_paused()
-            self._write_to_buffer(batch)
+            write_batch(self.replay_buffer, batch, self._envs_per_buffer_write(), self.options.extend_buffer)
             yield None  # TorchRL's collectors yield None when the batch went into the replay buffer
 
     def _frame_batches(self):
@@ -242,40 +243,14 @@ class CollectorBase:
             if self.replay_buffer is not None:
                 self._hold_while_paused()
                 for trajectory in self._assembler.writes():
-                    self._extend_buffer(trajectory)
+                    extend(self.replay_buffer, trajectory)
                 yield None
             else:
                 yield from self._assembler.batches()
 
-    def _write_to_buffer(self, batch: TensorDictBase) -> None:
-        """A batch into the replay buffer as TorchRL writes it. Envs stepped one by one (unbatched): every step is
-        an item. Batched envs: with ``extend_buffer`` each env's row of ``T`` steps is an item; without it, every
-        step of one env batch ``[n]`` is added as it is (TorchRL adds them while collecting)."""
-        envs = self._envs_per_buffer_write()
-        if envs is None:
-            self._extend_buffer(batch.reshape(-1))
-        elif self.options.extend_buffer:
-            self._extend_buffer(batch.reshape(-1, batch.shape[-1]))
-        else:
-            for group in batch.reshape(-1, batch.shape[-1]).split(envs):
-                for t in range(group.shape[-1]):
-                    self._extend_buffer(group[:, t], one_item=True)
-
     def _envs_per_buffer_write(self) -> int | None:
         """The envs of one TorchRL write (one worker's env batch); None when the envs are stepped one by one."""
         return None
-
-    def _extend_buffer(self, data: TensorDictBase, one_item: bool = False) -> None:
-        """``replay_buffer.extend(data)`` (``add`` for ``one_item``); data without a device gets the storage's
-        (no copy: the collector's data is where the storage is, or the storage moves it anyway)."""
-        storage = getattr(self.replay_buffer, "storage", None)
-        device = getattr(storage, "device", None)
-        if data.device is None and isinstance(device, (torch.device, str)) and device != "auto":
-            data = data.to(device)
-        if one_item:
-            self.replay_buffer.add(data)
-        else:
-            self.replay_buffer.extend(data)
 
     @property
     def _weight_sync_schemes(self) -> dict:
