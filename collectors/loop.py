@@ -86,6 +86,8 @@ class BatchLoop:
         self.storage = env_shaped if len(env.batch_size) == 1 else env_shaped.reshape(self.n_envs, steps)
         self.storage_keys = list(self.storage.keys(True, True))
         self._done_leaves = done_leaves(self.storage)  # [n_envs, steps, ...] each
+        if self.max_frames_per_traj:  # the step counts max_frames_per_traj writes, [n_envs, steps, 1] each
+            self._step_counts = (self.storage.get("step_count"), self.storage.get(("next", "step_count")))
         if self.lean:
             self._prepare_lean()
         self._first = True
@@ -257,9 +259,10 @@ class BatchLoop:
         """TorchRL's ``max_frames_per_traj`` (its ``StepCounter``): ``"step_count"`` at the root and under
         ``"next"`` (int64 ``[n_envs, 1]`` per step); a trajectory that reaches the limit is truncated (``done``)
         and its env reset."""
-        self.storage.get("step_count")[:, t, 0] = self.traj_steps
+        root_counts, next_counts = self._step_counts
+        root_counts[:, t, 0] = self.traj_steps
         counts = self.traj_steps + 1
-        self.storage.get(("next", "step_count"))[:, t, 0] = counts
+        next_counts[:, t, 0] = counts
         over = counts >= self.max_frames_per_traj
         ends = ends_of([leaf[:, t].reshape(self.n_envs, -1) for leaf in self._done_leaves])
         self.traj_steps = torch.where(ends | over, 0, counts)

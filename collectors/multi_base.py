@@ -109,7 +109,7 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         self._versions_tensor = in_shared_memory(torch.full((num_workers,), -1, dtype=torch.int64), "the versions")
         config = {"policy_device": policy_device or device, "compile_policy": compile_policy,
                   "register_transforms": auto_register_policy_transforms,
-                  "hooks": cloudpickle.dumps((options.pre_collect_hook, options.post_collect_hook)),
+                  "hooks": packed_hooks(options),
                   "init_fn": cloudpickle.dumps(init_fn) if init_fn is not None else None,
                   "owner": owner, "loop": loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type,
                                                        check_actions, check_values)}
@@ -165,7 +165,7 @@ class ProcessCollector(WorkerCalls, CollectorBase):
     def _hooks_changed(self) -> None:
         if "_pool" in self.__dict__:
             self._settle()
-            hooks = cloudpickle.dumps((self.options.pre_collect_hook, self.options.post_collect_hook))
+            hooks = packed_hooks(self.options)
             self._pool.call("set_hooks", [(hooks,)] * self.num_workers)
 
     def _count_batches(self, workers: list[int], steps: int) -> None:
@@ -297,3 +297,8 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             self._versions_tensor = self._versions_tensor.clone()
         self._weights = None
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
+
+
+def packed_hooks(options) -> bytes:
+    """``(pre_collect_hook, post_collect_hook)`` cloudpickled, as a worker's ``BatchLoop.set_hooks`` takes them."""
+    return cloudpickle.dumps((options.pre_collect_hook, options.post_collect_hook))
