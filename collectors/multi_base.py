@@ -25,8 +25,9 @@ from tdcollect.envs.specs import agreed_specs
 from .base import CollectorBase
 from .env_setup import check_same_entries, prepare_workers
 from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
-from .options import rounded_steps, torchrl_options
+from .options import one_device, per_worker_frames, rounded_steps, torchrl_options
 from .policies import UNWRAPPABLE
+from .preemption import StopFlag, checked_threshold
 from .remote_calls import WorkerCalls
 from .weights import SharedWeights, policy_weights_of, requested_weights
 from .worker import run_collector_worker
@@ -39,8 +40,9 @@ class StorageHandshake:
     batch per worker); a restarted worker must have as many envs as before; each worker's storage
     ``[n_envs, T]`` must hold the same entries as the others'."""
 
-    def __init__(self, frames_per_batch: int, owner: str, per_worker: bool):
+    def __init__(self, frames_per_batch: int, owner: str, per_worker: bool, shares: list[int] | None = None):
         self.frames_per_batch, self.owner, self.per_worker = frames_per_batch, owner, per_worker
+        self.shares = shares  # frames per worker in one batch (sync), when given per worker
         self.envs_per_worker: list[int] = []
         self.unbatched: list[bool] = []
         self.steps: dict[int, int] = {}
@@ -53,9 +55,17 @@ class StorageHandshake:
         if not self.steps:
             self.envs_per_worker = [infos[w][0] for w in sorted(infos)]
             self.unbatched = [infos[w][2] for w in sorted(infos)]
-            if self.per_worker:
+            if self.per_worker:  # TorchRL: every async batch holds the whole frames_per_batch
                 self.steps = {w: rounded_steps(self.frames_per_batch, n, self.owner)
                               for w, n in enumerate(self.envs_per_worker)}
+            elif self.shares is not None:
+                self.steps = {w: rounded_steps(share, n, self.owner)
+                              for w, (share, n) in enumerate(zip(self.shares, self.envs_per_worker))}
+                if len(set(self.steps.values())) > 1:
+                    raise ValueError(f"{self.owner}: frames_per_batch={self.shares} gives the workers' envs different "
+                                     f"numbers of steps per batch ({list(self.steps.values())}), and one batch holds "
+                                     "the same steps for every env: give each worker frames in proportion to its envs "
+                                     "(or use MultiAsyncCollector).")
             else:
                 steps = rounded_steps(self.frames_per_batch, sum(self.envs_per_worker), self.owner)
                 self.steps = dict.fromkeys(range(len(self.envs_per_worker)), steps)
@@ -87,16 +97,24 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
                  check_values: bool = False, return_same_td: bool = False, policy_factory=None,
                  compile_policy=None, num_threads: int | None = None,
-                 auto_register_policy_transforms: bool | None = None, init_fn=None, **torchrl_kwargs):
+                 auto_register_policy_transforms: bool | None = None, init_fn=None, preemptive_threshold=None,
+                 **torchrl_kwargs):
         exit_if_bootstrapping()
         owner = self.owner
-        options = torchrl_options(owner, split_trajs=split_trajs, return_same_td=return_same_td, **torchrl_kwargs)
+        n_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else (num_workers or 1)
+        frames_per_batch, shares = per_worker_frames(frames_per_batch, n_workers, owner)
+        device, env_device, policy_device, storing_device = (
+            one_device(value, owner, name) for value, name in ((device, "device"), (env_device, "env_device"),
+                                                                (policy_device, "policy_device"),
+                                                                (storing_device, "storing_device")))
+        options = torchrl_options(owner, split_trajs=split_trajs, return_same_td=return_same_td,
+                                  built_in_policies=policy_factory is not None and policy is None, **torchrl_kwargs)
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
                          return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
                          compile_policy=compile_policy)
-        pickled, payload, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
+        pickled, payloads, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
                                                    env_device, owner, "worker", policy_factory)
         if num_threads is not None:  # TorchRL's meaning: the threads of this (the main) process
             torch.set_num_threads(int(num_threads))
@@ -107,17 +125,27 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         self._module = module
         self._weights = SharedWeights(module) if module is not None else None
         self._versions_tensor = in_shared_memory(torch.full((num_workers,), -1, dtype=torch.int64), "the versions")
+        self.preemptive_threshold = checked_threshold(preemptive_threshold, owner)
+        if self.preemptive_threshold < 1.0 and self.per_worker_batches:
+            raise ValueError(f"{owner}: preemptive_threshold applies to MultiSyncCollector (its workers deliver one "
+                             "batch together); each worker of this one delivers its own batch.")
+        # TorchRL's: no interruptor at 1.0, where preemption could never happen
+        self.interruptor = StopFlag() if self.preemptive_threshold < 1.0 else None
+        self._steps_taken = (in_shared_memory(torch.zeros(num_workers, dtype=torch.int64), "the steps taken")
+                             if self.interruptor is not None else None)
         config = {"policy_device": policy_device or device, "compile_policy": compile_policy,
                   "register_transforms": auto_register_policy_transforms,
                   "hooks": packed_hooks(options),
                   "init_fn": cloudpickle.dumps(init_fn) if init_fn is not None else None,
-                  "owner": owner, "loop": loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type,
-                                                       check_actions, check_values)}
-        self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches)
+                  "owner": owner, "steps_taken": self._steps_taken,
+                  "loop": {**loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions,
+                                          check_values), "interruptor": self.interruptor}}
+        self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches, shares)
         try:
             self._pool = WorkerPool(
                 run_collector_worker,
-                [(factory, payload, self._weights, self._versions_tensor, config) for factory in pickled],
+                [(factory, payload, self._weights, self._versions_tensor, config)
+                 for factory, payload in zip(pickled, payloads)],
                 handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
                 owner=owner, preload=set().union(*(factory.imports for factory in pickled)),
             )
@@ -142,6 +170,12 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         for w in workers:
             self._restart_trajectories(self._rows(w))
         return workers
+
+    def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
+        """The frames worker ``worker_idx`` collects per batch (TorchRL's method; rounded up to its envs)."""
+        if worker_idx is None:
+            return self.frames_per_batch if self.per_worker_batches else -(-self.frames_per_batch // self.num_workers)
+        return self._handshake.steps[worker_idx] * self.envs_per_worker[worker_idx]
 
     def _rows(self, w: int) -> range:
         """The rows of worker ``w``'s envs among all workers' envs."""
@@ -239,10 +273,14 @@ class ProcessCollector(WorkerCalls, CollectorBase):
     def update_policy_weights_(self, policy_weights=None, **kwargs) -> None:
         """Copy the policy's current weights (or ``policy_weights``, a TensorDict or a module of the same
         structure; TorchRL's ``policy_or_weights``) into the shared copy; every worker acts with them from its
-        next batch on (see ``weight_versions``)."""
-        # worker_ids is dropped: the weights are shared, every worker gets them
-        policy_weights = requested_weights(policy_weights, kwargs, ignored=("worker_ids",))
-        if self._weights is not None:
+        next batch on (see ``weight_versions``). Policies built in the workers by ``policy_factory`` (without
+        ``policy=``) each load the weights given, or, as TorchRL's per-worker weights, ``{worker: weights}``."""
+        worker_ids = kwargs.pop("worker_ids", None)  # the shared weights reach every worker
+        policy_weights = requested_weights(policy_weights, kwargs)
+        per_worker = isinstance(policy_weights, dict) and all(isinstance(w, int) for w in policy_weights)
+        if per_worker or (worker_ids is not None and self._built_in_workers):
+            self._load_per_worker(policy_weights if per_worker else dict.fromkeys(worker_ids, policy_weights))
+        elif self._weights is not None:
             self._weights.publish(policy_weights if policy_weights is not None else self.policy)
         elif self._built_in_workers and policy_weights is not None:  # policy_factory only: each worker loads them
             self._settle()
@@ -255,6 +293,22 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             raise ValueError(f"{self.owner}: the policies were built in the workers by policy_factory and this "
                              "process holds none to read weights from: pass the weights "
                              "(update_policy_weights_(weights)), or pass policy= too (the weights' source).")
+
+    def _load_per_worker(self, weights: dict) -> None:
+        """``{worker: weights}`` loaded by those workers' own policies (built there by ``policy_factory``)."""
+        if not self._built_in_workers:
+            raise ValueError(f"{self.owner}: per-worker weights need policies built in the workers (policy_factory, "
+                             "without policy=); with policy= every worker acts with one shared copy of its weights: "
+                             "call update_policy_weights_() or pass one set of weights.")
+        workers = sorted(weights)
+        if any(not 0 <= w < self.num_workers for w in workers):
+            raise ValueError(f"{self.owner}: per-worker weights for workers {workers}; there are {self.num_workers}.")
+        self._settle()
+        if not all(self._pool.call("load_policy_weights", [(policy_weights_of(weights[w]),) for w in workers],
+                                   workers)):
+            raise TypeError(f"{self.owner}: update_policy_weights_(weights) requires an nn.Module policy; the "
+                            "policy the workers built with policy_factory has no weights.")
+        self.increment_version()
 
     @property
     def policy_version(self) -> int:

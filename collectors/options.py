@@ -20,14 +20,8 @@ from .trajectories import check_trajectory_options
 #: TorchRL arguments refused when given a value other than their default: ``{name: (default, why / what instead)}``
 REFUSED: dict[str, tuple[Any, str]] = {
     "reset_when_done": (True, "tdcollect's envs always reset a finished env in the same step (TorchRL's default)"),
-    "use_buffers": (None, "tdcollect's collectors always collect into preallocated (shared-memory) buffers; "
-                          "leave use_buffers unset or True"),
-    "interruptor": (None, "preemption is not supported: every worker collects its whole share of each batch"),
-    "preemptive_threshold": (None, "preemption is not supported: every worker collects its whole share of each "
-                                   "batch"),
     "weight_updater": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
     "weight_recv_schemes": (None, "weights reach the workers through shared memory: call update_policy_weights_()"),
-    "compact_obs": (False, "batches keep TorchRL's full layout (root and next observations)"),
     "collector_class": (None, "every worker runs tdcollect's own collector loop"),
     "worker_idx": (None, "a worker's index is set by the collector that starts it (Collector takes one)"),
     "backend_options": (None, "the process backend takes no options here"),
@@ -35,6 +29,10 @@ REFUSED: dict[str, tuple[Any, str]] = {
 }
 #: accepted with any value: they change nothing on the CPU, where tdcollect's collectors run the envs
 NO_EFFECT_ON_CPU = ("no_cuda_sync",)
+#: accepted with any value: the batches are the same either way. tdcollect's collectors always collect into buffers
+#: allocated once (in shared memory); TorchRL's use_buffers=False stacks each step's TensorDict instead, which gives
+#: the same batches for envs with fixed specs (envs whose specs change shape are refused with a clear error)
+SAME_BATCHES = ("use_buffers",)
 
 
 @dataclass
@@ -61,6 +59,9 @@ class BatchOptions:
     traj_format: str = "padded"
     #: TorchRL's ``weight_sync_schemes`` as given (checked by :func:`checked_weight_schemes`); None: the default
     weight_sync_schemes: dict | None = None
+    #: TorchRL's ``compact_obs``: the observation (and state) entries under ``"next"`` are left out of batches (the
+    #: root of the next step holds them); reward and done flags stay
+    compact_obs: bool = False
 
 
 def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buffer: bool = True,
@@ -69,15 +70,16 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
                     split_trajs=None,
                     return_same_td: bool = False, compile_policy=None, cudagraph_policy=None, trust_policy=None,
                     trajs_per_batch=None, trajs_per_write=None, traj_format=None, weight_sync_schemes=None,
-                    **rest) -> BatchOptions:
-    """Check TorchRL's collector arguments (see the module docstring) and return the per-batch ones."""
+                    built_in_policies: bool = False, compact_obs: bool = False, **rest) -> BatchOptions:
+    """Check TorchRL's collector arguments (see the module docstring) and return the per-batch ones
+    (``built_in_policies``: each worker builds its own policy, so per-worker weights are possible)."""
     for name, value in rest.items():
-        if name in NO_EFFECT_ON_CPU:
+        if name in NO_EFFECT_ON_CPU or name in SAME_BATCHES:
             continue
         if name not in REFUSED:
             raise TypeError(f"{owner} got an unexpected keyword argument {name!r}.")
         default, why = REFUSED[name]
-        if value is not default and value != default and not (name == "use_buffers" and value is True):
+        if value is not default and value != default:
             raise ValueError(f"{owner} does not support {name}={value!r}: {why}.")
     if not isinstance(track_policy_version, bool):
         raise ValueError(f"{owner}: track_policy_version must be True or False (the collector counts the versions "
@@ -106,14 +108,15 @@ def torchrl_options(owner: str, *, postproc=None, replay_buffer=None, extend_buf
     return BatchOptions(postproc, replay_buffer, bool(extend_buffer), bool(set_truncated), bool(track_traj_ids),
                         pre_collect_hook, post_collect_hook, bool(update_at_each_batch), bool(track_policy_version),
                         trajs_per_batch, trajs_per_write, traj_format,
-                        checked_weight_schemes(weight_sync_schemes, owner))
+                        checked_weight_schemes(weight_sync_schemes, owner, built_in_policies), bool(compact_obs))
 
 
-def checked_weight_schemes(schemes, owner: str) -> dict | None:
+def checked_weight_schemes(schemes, owner: str, built_in_policies: bool = False) -> dict | None:
     """TorchRL's ``weight_sync_schemes`` (``{"policy": scheme}``): tdcollect's collectors hand the policy's weights
     to their workers through one shared-memory copy, which is what TorchRL's ``SharedMemWeightSyncScheme`` (and
-    its ``MultiProcessWeightSyncScheme``) ask for, so those are accepted; other schemes, per-worker weights or
-    models other than the policy are a clear error."""
+    its ``MultiProcessWeightSyncScheme``) ask for, so those are accepted, with per-worker weights where the workers
+    build their own policies (``built_in_policies``); other schemes or models other than the policy are a clear
+    error."""
     if schemes is None:
         return None
     from torchrl.weight_update import SharedMemWeightSyncScheme
@@ -125,11 +128,13 @@ def checked_weight_schemes(schemes, owner: str) -> dict | None:
         if name != "policy":
             raise ValueError(f"{owner}: weight_sync_schemes[{name!r}]: only the policy's weights are sent to the "
                              "workers (key 'policy').")
-        if not isinstance(scheme, SharedMemWeightSyncScheme) or getattr(scheme, "per_worker_weights", False):
+        if not isinstance(scheme, SharedMemWeightSyncScheme) or (getattr(scheme, "per_worker_weights", False)
+                                                                  and not built_in_policies):
             raise ValueError(f"{owner}: weight_sync_schemes['policy'] = {type(scheme).__name__}: tdcollect's "
                              "collectors send the policy's weights to every worker through one shared-memory copy "
-                             "(TorchRL's SharedMemWeightSyncScheme or MultiProcessWeightSyncScheme, without "
-                             "per-worker weights); pass one of those or leave weight_sync_schemes unset.")
+                             "(TorchRL's SharedMemWeightSyncScheme or MultiProcessWeightSyncScheme; per-worker "
+                             "weights with policies built in the workers by policy_factory); pass one of those or "
+                             "leave weight_sync_schemes unset.")
     return dict(schemes)
 
 
@@ -151,3 +156,28 @@ def rounded_steps(frames_per_batch: int, n_envs: int, owner: str) -> int:
         warnings.warn(f"{owner}: frames_per_batch ({frames_per_batch}) is not exactly divisible by the number of "
                       f"envs ({n_envs}); each batch holds {steps * n_envs} frames.", stacklevel=3)
     return steps
+
+
+def per_worker_frames(frames_per_batch, num_workers: int, owner: str) -> tuple[int, list[int] | None]:
+    """TorchRL's ``frames_per_batch`` for the process collectors: an int (the whole batch), or a sequence with one
+    count per worker (its share of every batch). Returns ``(total, shares or None)``."""
+    if isinstance(frames_per_batch, (list, tuple)):
+        if len(frames_per_batch) != num_workers:  # TorchRL's words (its tests match them)
+            raise ValueError("If `frames_per_batch` is provided as a sequence, it should contain exactly one value "
+                             f"per worker. {owner}: got {len(frames_per_batch)} values for {num_workers} workers.")
+        for frames in frames_per_batch:
+            if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
+                raise ValueError(f"{owner}: frames_per_batch[...] must be positive ints, got {frames_per_batch!r}.")
+        return sum(frames_per_batch), list(frames_per_batch)
+    return frames_per_batch, None
+
+
+def one_device(value, owner: str, name: str):
+    """A device argument that TorchRL's process collectors also take as a sequence, one per worker: the one device
+    when every entry is the same (ours run every worker's policy and envs on one device, and gather into one)."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    devices = {torch.device(device) if device is not None else None for device in value}
+    if len(devices) != 1:
+        raise ValueError(f"{owner}: {name}={list(value)!r}: the workers must share one {name}; pass one device.")
+    return devices.pop()

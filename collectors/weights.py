@@ -1,9 +1,12 @@
-"""Policy weights in shared memory: one copy that the main process updates in place and workers read.
+"""Policy weights in shared memory: one set that the main process updates in place and workers read.
 
-``SharedWeights(policy)`` copies the parameters and buffers of ``policy`` into shared memory.
-A worker whose policy runs on the CPU *binds* its module to those tensors (no copy at all: an update is
-visible at its next forward); a worker whose policy runs elsewhere *pulls* them into its own copy at the
-start of each batch when ``version`` changed. Each worker reports the version it acted with.
+``SharedWeights(policy)`` puts the parameters and buffers of ``policy`` in shared memory: on the CPU the module's
+own tensors move there (as TorchRL's collectors do: the workers then act with the trainer's weights as they are, and
+an in-place edit such as an optimizer step reaches them at their next forward; ``update_policy_weights_`` marks a new
+version), elsewhere a CPU copy is made, updated by ``update_policy_weights_``. A worker whose policy runs on
+the CPU *binds* its module to those tensors (no copy at all: an update is visible at its next forward); a worker
+whose policy runs elsewhere *pulls* them into its own copy at the start of each batch when ``version`` changed.
+Each worker reports the version it acted with.
 """
 from __future__ import annotations
 
@@ -48,13 +51,17 @@ def requested_weights(policy_weights, kwargs: dict, ignored: tuple[str, ...] = (
 
 class SharedWeights:
     def __init__(self, module):
-        self.params = in_shared_memory(policy_weights_of(module).to("cpu").clone(), "the policy's shared weights")
+        weights = policy_weights_of(module)
+        on_cpu = all(leaf.device.type == "cpu" for leaf in weights.values(True, True))
+        self.params = in_shared_memory(weights if on_cpu else weights.to("cpu").clone(), "the policy's shared weights")
         self.version = torch.zeros((), dtype=torch.int64).share_memory_()
 
     def publish(self, source) -> None:
         """Copy new weights in place (from a policy or module of the same structure, or a TensorDict of
         them; see :func:`policy_weights_of`)."""
-        self.params.update_(policy_weights_of(source))
+        weights = policy_weights_of(source)
+        if not _same_memory(weights, self.params):  # the module's own (shared) tensors: nothing to copy
+            self.params.update_(weights)
         self.version += 1
 
     def bind(self, module) -> None:
@@ -67,3 +74,10 @@ class SharedWeights:
         if version != seen:
             module_params.update_(self.params)
         return version
+
+
+def _same_memory(a: TensorDictBase, b: TensorDictBase) -> bool:
+    """Whether the leaves of ``a`` are those of ``b`` (same keys, same memory)."""
+    leaves_b = dict(b.items(True, True))
+    return all(key in leaves_b and leaf.data_ptr() == leaves_b[key].data_ptr()
+               for key, leaf in a.items(True, True))

@@ -165,15 +165,16 @@ def test_weight_updates_reach_every_worker(no_leaks):
         it = iter(collector)
         assert (next(it)["action"] == 0).all()
         assert collector.weight_versions == [0, 0]
-        with torch.no_grad():
+        with torch.no_grad():  # as TorchRL's on the CPU: the workers act with the trainer's own tensors
             policy.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
-        assert (next(it)["action"] == 0).all()  # not published yet
+        assert (next(it)["action"] == 2).all(), "every worker must act with the trainer's weights"
+        assert collector.weight_versions == [0, 0], "no new version is marked before update_policy_weights_"
         collector.update_policy_weights_()
-        batch = next(it)
-        assert (batch["action"] == 2).all(), "every worker must act with the new weights"
+        next(it)
         assert collector.weight_versions == [1, 1]
         collector.update_policy_weights_(TensorDict({"bias": torch.tensor([0.0, 1.0, 0.0])}, []))
         assert (next(it)["action"] == 1).all()
+        assert policy.bias.tolist() == [0.0, 1.0, 0.0], "the given weights are the trainer's module's too"
 
 
 def test_same_seed_same_batches(no_leaks):

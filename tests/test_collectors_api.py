@@ -77,6 +77,24 @@ def test_cat_results_of_unbatched_workers(no_leaks):
         MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=20, cat_results="cat")
 
 
+def test_frames_per_batch_and_devices_per_worker(no_leaks):
+    make = functools.partial(SerialEnv, 2, COUNTING)
+    # MultiSync: each worker's share of the batch; one device given per worker
+    with MultiSyncCollector([COUNTING, make], None, frames_per_batch=[4, 8], total_frames=24, cat_results=0,
+                            device=["cpu", "cpu"], storing_device=[torch.device("cpu")] * 2) as collector:
+        assert [collector.frames_per_batch_worker(worker_idx=w) for w in (0, 1)] == [4, 8]
+        assert [b.batch_size for b in collector] == [(3, 4), (3, 4)]
+    # MultiAsync: as TorchRL's, every batch holds the sum
+    with MultiAsyncCollector([COUNTING] * 2, None, frames_per_batch=[6, 2], total_frames=16) as collector:
+        assert [b.batch_size for b in collector] == [(8,), (8,)]
+    with pytest.raises(ValueError, match="exactly one value per worker"):
+        MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=[10])
+    with pytest.raises(ValueError, match="different numbers of steps per batch"):
+        MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=[10, 4])
+    with pytest.raises(ValueError, match="must share one device"):
+        MultiSyncCollector([COUNTING] * 2, None, frames_per_batch=10, device=["cpu", "meta"])
+
+
 def test_multi_async_yields_each_workers_batches_as_they_come(no_leaks):
     policy = ConstantAction(3, favourite=1)
     with MultiAsyncCollector([COUNTING] * 2, policy, frames_per_batch=10, total_frames=60) as collector:
