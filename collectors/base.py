@@ -22,7 +22,8 @@ from tdcollect.envs.recycle import Recycler
 
 from .buffer_writes import extend, write_batch
 from .options import BatchOptions, rounded_steps
-from .stats import TRAJ_KEY, TrajectoryTracker
+from .preemption import clear_steps_not_taken
+from .stats import TRAJ_KEY, TrajectoryTracker, next_observation_keys
 from .trajectories import TrajectoryAssembler
 
 
@@ -60,6 +61,8 @@ class CollectorBase:
         self._tracker: TrajectoryTracker | None = None
         #: the rows (among all envs) of the last batch, when it holds some envs only (async collectors)
         self._batch_rows: range | None = None
+        #: bool [n_envs, T], the steps taken, when the last batch was preempted (``preemption.py``); else None
+        self._taken: torch.Tensor | None = None
         self._closed = False
         self._in_use = threading.Lock()
         self._next_iter = None  # the iteration next() goes on with
@@ -186,39 +189,53 @@ class CollectorBase:
                     raise RuntimeError(f"two threads iterate this {type(self).__name__} at once; their batches "
                                        "would interleave. Iterate a collector from one thread.")
                 try:
+                    self._taken = None  # _collect sets it when the batch was preempted
                     batch = self._collect(self.frames < self.init_random_frames)
                 finally:
                     self._in_use.release()
                 if self._tracker is None:
                     self._tracker = TrajectoryTracker(batch.batch_size[0])
-                self.episode_stats = self._tracker.annotate(batch, self._batch_rows)
-                if self.options.set_truncated:
-                    self._truncate_last_step(batch)
-                if self.options.track_policy_version:
-                    versions = self._frame_versions(batch.shape[0]).unsqueeze(-1).expand(batch.shape)
-                    batch.set("policy_version", versions.clone())
-                    batch.set(("next", "policy_version"), versions.clone())
-                if not self.options.track_traj_ids:
-                    batch = batch.exclude(TRAJ_KEY)
-                    if not batch.get("collector").keys():
-                        batch = batch.exclude("collector")
-                private = [key for key in batch.keys(True) if _is_private(key)] if self._exclude_private_keys else []
-                if private:  # (a new TensorDict only then: return_same_td keeps yielding the same one)
-                    batch = batch.exclude(*private)
-                self.frames += batch.numel()
+                taken = self._taken
+                if taken is not None:
+                    clear_steps_not_taken(batch, taken)
+                self.episode_stats = self._tracker.annotate(batch, self._batch_rows, taken)
+                frames = batch.numel() if taken is None else int(taken.sum())
+                self.frames += frames
                 self.batches += 1
                 if bar is not None:
-                    bar.update(batch.numel())
-                    bar.set_postfix(fps=f"{batch.numel() / (time.perf_counter() - start):,.0f}")
-                batch = self._shaped(batch)
-                batch.refine_names(..., "time")  # TorchRL's dim names: time is the last dim
-                yield self._finish(batch)
+                    bar.update(frames)
+                    bar.set_postfix(fps=f"{frames / (time.perf_counter() - start):,.0f}")
+                yield self._finish(self._in_torchrl_layout(batch))
         finally:
             if bar is not None:
                 bar.close()
 
-    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
-        """TorchRL's steps after a batch is collected (see :class:`BatchOptions`), but the replay buffer."""
+    def _in_torchrl_layout(self, batch: TensorDictBase) -> TensorDictBase:
+        """A collected batch ``[n_envs, T]`` (with trajectory ids) as TorchRL yields it for this collector's
+        arguments: ``set_truncated``, ``compact_obs``, policy versions, ``track_traj_ids``, private keys left out,
+        the layout of :meth:`_shaped` and the dim names."""
+        if self.options.set_truncated:
+            self._truncate_last_step(batch)
+        if self.options.compact_obs:
+            batch = batch.exclude(*next_observation_keys(batch))
+        if self.options.track_policy_version:
+            versions = self._frame_versions(batch.shape[0]).unsqueeze(-1).expand(batch.shape)
+            batch.set("policy_version", versions.clone())
+            batch.set(("next", "policy_version"), versions.clone())
+        if not self.options.track_traj_ids:
+            batch = batch.exclude(TRAJ_KEY)
+            if not batch.get("collector").keys():
+                batch = batch.exclude("collector")
+        private = [key for key in batch.keys(True) if _is_private(key)] if self._exclude_private_keys else []
+        if private:  # (a new TensorDict only then: return_same_td keeps yielding the same one)
+            batch = batch.exclude(*private)
+        batch = self._shaped(batch)
+        batch.refine_names(..., "time")  # TorchRL's dim names: time is the last dim
+        return batch
+
+    def _finish(self, batch: TensorDictBase, hook: bool = True) -> TensorDictBase:
+        """TorchRL's steps after a batch is collected (see :class:`BatchOptions`), but the replay buffer (and,
+        without ``hook``, the ``post_collect_hook``)."""
         if self.split_trajs:
             from torchrl.collectors.utils import split_trajectories
 
@@ -227,7 +244,7 @@ class CollectorBase:
             batch = batch.to(self.storing_device)
         if self.postproc is not None:
             batch = self.postproc(batch)
-        if self.options.post_collect_hook is not None and not self.hooks_in_workers:
+        if hook and self.options.post_collect_hook is not None and not self.hooks_in_workers:
             self.options.post_collect_hook(batch)
         return batch
 

@@ -100,12 +100,13 @@ class BuiltInWorker:
 
 
 def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_kwargs, env_device, owner: str,
-                    unit: str, policy_factory=None) -> tuple[list, bytes | None, object]:
+                    unit: str, policy_factory=None) -> tuple[list, list[bytes | None], object]:
     """What a multi-process collector checks and packs in the main process before any worker starts:
-    ``(factories, policy_payload, module)`` — one cloudpickled env constructor per worker (``create_env_fn``
-    is a list of them, or one with ``num_workers``), the policy cloudpickled (None: random actions; with
-    ``policy_factory``, the factory, as :class:`BuiltInWorker`) and the ``nn.Module`` holding the weights the
-    workers act with (the ``policy``'s, which with a ``policy_factory`` is only read here; or None)."""
+    ``(factories, policy_payloads, module)`` — one cloudpickled env constructor per worker (``create_env_fn``
+    is a list of them, or one with ``num_workers``), one policy payload per worker, the policy cloudpickled (None:
+    random actions; with ``policy_factory``, the factory — or worker ``w``'s of a list of them, one per worker —
+    as :class:`BuiltInWorker`) and the ``nn.Module`` holding the weights the workers act with (the ``policy``'s,
+    which with a ``policy_factory`` is only read here; or None)."""
     check_env_device(env_device, owner)
     create_env_fn = copies_of_torchrl_instances(create_env_fn, owner)
     if num_workers is None:
@@ -114,13 +115,20 @@ def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_k
                                                      "num_workers"))
     pickled = [PickledFactory(fn, owner, f"{unit} {w}") for w, fn in enumerate(factories)]
     if policy_factory is not None:
-        if not callable(policy_factory):
-            raise TypeError(f"{owner}: policy_factory must be a function returning the policy, got "
-                            f"{type(policy_factory).__name__}.")
-        payload = cloudpickle.dumps(BuiltInWorker(policy_factory))
+        per_worker = list(policy_factory) if isinstance(policy_factory, (list, tuple)) else None
+        if per_worker is not None and len(per_worker) != num_workers:
+            raise ValueError(f"{owner}: policy_factory is a list of {len(per_worker)} factories for {num_workers} "
+                             f"{unit}s: pass one per {unit} (or one for all).")
+        for factory in per_worker or [policy_factory]:
+            if not callable(factory):
+                raise TypeError(f"{owner}: policy_factory must be a function returning the policy (or a list of "
+                                f"them, one per {unit}), got {type(factory).__name__}.")
+        payloads = [cloudpickle.dumps(BuiltInWorker(factory)) for factory in per_worker or [policy_factory]]
     else:
-        payload = cloudpickle.dumps(policy) if policy is not None else None
-    return pickled, payload, policy_module(policy) if policy is not None else None
+        payloads = [cloudpickle.dumps(policy) if policy is not None else None]
+    if len(payloads) == 1:
+        payloads = payloads * num_workers
+    return pickled, payloads, policy_module(policy) if policy is not None else None
 
 
 def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str) -> None:

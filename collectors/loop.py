@@ -48,13 +48,13 @@ class BatchLoop:
     dtype, integer actions in range, floats finite; ``"bounds"``: continuous bounds too) before they reach the
     envs, else only the first step's;
     ``check_values`` (default False): a batch whose observations or rewards hold NaN or an infinity is a
-    ``ValueError`` naming the env (its row) and the key.
+    ``ValueError`` naming the env (its row) and the key; ``interruptor``: see ``preemption.py``.
     """
 
     def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False, inference_mode: bool = False,
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
-                 check_values: bool = False):
+                 check_values: bool = False, interruptor=None):
         if len(env.batch_size) == 0:
             raise ValueError("the collector needs a batched env (an unbatched one is wrapped first).")
         non_tensor = [key for key, spec in env.full_observation_spec.items(True, True) if isinstance(spec, NonTensor)]
@@ -70,6 +70,9 @@ class BatchLoop:
         #: what write_actions checks: continuous bounds too only with check_actions="bounds"
         self.action_check = True if check_actions == "bounds" else "finite"
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
+        #: TorchRL's interruptor (``collectors/preemption.py``): polled after each step; ``steps_taken`` of the last
+        #: batch (the storage's later steps are left as they were)
+        self.interruptor, self.steps_taken = interruptor, steps
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)  # steps of each env's running trajectory
         self.lean = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
@@ -100,6 +103,10 @@ class BatchLoop:
         extra = set(probe.keys(True, True)) - set(fake.keys(True, True))
         if extra:
             fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
+        for key in self.env.action_keys:  # as TorchRL's, batches hold the actions the policy wrote, in its dtype
+            wrote, spec = probe.get(key, None), fake.get(key)
+            if wrote is not None and wrote.dtype != spec.dtype and wrote.shape == spec.shape:
+                fake.set(key, torch.zeros(spec.shape, dtype=wrote.dtype))
         if self.max_frames_per_traj:  # what TorchRL's StepCounter adds
             if any("step_count" in ((key,) if isinstance(key, str) else key) for key in fake.keys(True, True)):
                 raise ValueError("the env has a 'step_count' entry already (a StepCounter?), which "
@@ -208,8 +215,12 @@ class BatchLoop:
             step = self._lean_step if self.lean else self._generic_step
             # actions drawn from the spec itself need no policy call and no check after the first step
             random = random or isinstance(self.policy, RandomPolicy)
+            interruptor, self.steps_taken = self.interruptor, self.steps
             for t in range(self.steps):
                 step(t, random)
+                if interruptor is not None and interruptor.collection_stopped():
+                    self.steps_taken = t + 1
+                    break
         self._first = False
         if self.check_values:
             check_finite(self.storage.get("next"), "the collector", "step()")

@@ -12,6 +12,7 @@ from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 
 from .multi_base import ProcessCollector
+from .preemption import MASK_KEY, steps_taken_mask
 
 
 class MultiSyncCollector(ProcessCollector):
@@ -32,7 +33,8 @@ class MultiSyncCollector(ProcessCollector):
         replay_buffer, extend_buffer, trajs_per_batch, trajs_per_write, traj_format, set_truncated, track_traj_ids,
         pre_collect_hook and post_collect_hook (run in each worker), update_at_each_batch, compile_policy (in each
         worker), init_fn (called first in each worker), auto_register_policy_transforms, weight_sync_schemes,
-        num_threads (this process' torch threads), cat_results, create_env_kwargs, trust_policy, no_cuda_sync: as
+        num_threads (this process' torch threads), cat_results, create_env_kwargs, trust_policy, no_cuda_sync,
+        compact_obs, use_buffers (either value: the same batches), preemptive_threshold (``preemption.py``): as
         in TorchRL (``exploration_type`` default
         ``ExplorationType.RANDOM``, applied in every worker; the few refused TorchRL arguments are in
         ``collectors/options.py``, each with its reason).
@@ -66,7 +68,10 @@ class MultiSyncCollector(ProcessCollector):
         workers = list(range(self.num_workers))
         while workers:
             try:
-                self._pool.run(code, workers)
+                if self.interruptor is None:
+                    self._pool.run(code, workers)
+                else:
+                    self._run_preemptible(code, workers)
                 workers = []
             except WorkerError as err:
                 workers = self._recover(err)
@@ -75,6 +80,9 @@ class MultiSyncCollector(ProcessCollector):
                 raise
         parts = [self._handshake.storages[w] for w in range(self.num_workers)]
         self._count_batches(list(range(self.num_workers)), parts[0].shape[-1])
+        if self.interruptor is not None:
+            per_env = torch.repeat_interleave(self._steps_taken, torch.tensor(self.envs_per_worker))
+            self._taken = steps_taken_mask(per_env, parts[0].shape[-1])
         if not self.return_same_td:
             return self._recycler.cat(parts, 0)
         if self._same is None:
@@ -83,10 +91,35 @@ class MultiSyncCollector(ProcessCollector):
             torch.cat(parts, 0, out=self._same.select(*parts[0].keys(True, True)))
         return self._same
 
+    def _run_preemptible(self, code: int, workers: list[int]) -> None:
+        """TorchRL's preemption: once ``int(preemptive_threshold * num_workers)`` workers finished their share, the
+        others stop at their next step (``preemption.py``). A failure raises after the others finished."""
+        self.interruptor.start_collection()
+        self._pool.start(code, workers)
+        pending = list(workers)
+        try:
+            first = min(int(self.preemptive_threshold * self.num_workers), len(pending))
+            for w in self._pool.wait_any(first, pending, code) if first else []:
+                pending.remove(w)
+            self.interruptor.stop_collection()
+            self._pool.wait_any(len(pending), pending, code)
+        except WorkerError as err:
+            self.interruptor.stop_collection()
+            failed = set(getattr(err, "failures", {})) | set(getattr(err, "finished", []))
+            others = [w for w in pending if w not in failed]
+            if others:  # let them finish (stopped at their next step) before the failed ones are replaced
+                try:
+                    self._pool.wait_any(len(others), others, code)
+                except WorkerError:
+                    pass
+            raise
+
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
         """``[n_envs, T]`` (all workers' envs, worker after worker) in TorchRL's layout for ``cat_results``."""
         n, steps = self.num_workers, batch.shape[-1]
         envs = self.envs_per_worker
+        if self.interruptor is not None and self.cat_results == "stack":  # TorchRL's mask of the steps taken
+            batch.set(MASK_KEY, self._taken if self._taken is not None else torch.ones(batch.shape, dtype=torch.bool))
         if all(self._handshake.unbatched):
             per_worker = batch  # [n_workers, T]: worker w's batch is [T]
         elif len(set(envs)) == 1:
@@ -98,7 +131,11 @@ class MultiSyncCollector(ProcessCollector):
                              f"batches cannot be stacked (cat_results={self.cat_results!r}); pass cat_results=0.")
         if self.cat_results == "stack":
             return per_worker
-        return torch.cat(per_worker.unbind(0), self.cat_results)
+        parts = per_worker.unbind(0)
+        if self._taken is not None and self.cat_results == -1:  # TorchRL's: the steps no env took are dropped
+            taken = self._taken.view(n, -1, steps).any(1)
+            parts = [part[..., taken[w]] for w, part in enumerate(parts)]
+        return torch.cat(parts, self.cat_results)
 
     def _shutdown(self) -> None:
         self._same = None

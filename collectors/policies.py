@@ -89,7 +89,8 @@ class OnOneEnv:
 
 
 class OnDevice:
-    """Runs ``policy`` on ``device``: inputs go there through a pinned staging copy, outputs come back."""
+    """Runs ``policy`` on ``device``: inputs go there through a pinned staging copy, outputs come back (on the CPU,
+    the TensorDicts the policy sees carry the CPU device, as TorchRL's do for an explicit policy device)."""
 
     def __init__(self, policy: Callable, device: torch.device):
         self.policy, self.device = policy, device
@@ -160,11 +161,13 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
         )
     if unbatched:
         policy = OnOneEnv(policy)
-    if policy_device is not None and torch.device(policy_device) != torch.device("cpu"):
-        device = torch.device(policy_device)
+    device = torch.device(policy_device) if policy_device is not None else None
+    if device is not None and device.type != "cpu":
         if isinstance(policy_module(policy), nn.Module):
             policy_module(policy).to(device)
         return OnDevice(policy, device)
+    if device is not None and not isinstance(policy, DirectModule):  # TorchRL's: its TensorDicts say the CPU
+        return OnDevice(policy, device)  # (a DirectModule sees tensors only)
     return policy
 
 

@@ -194,7 +194,7 @@ class RayCollector(CollectorBase):
                          storing_device=storing_device or device, progress_bar=progress_bar)
         policy_device = policy_device or device
         _check_resources(num_cpus, num_gpus, max_restarts, timeout, policy_device, ray_init_kwargs)
-        pickled, payload, self._module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
+        pickled, payloads, self._module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
                                                          env_device, OWNER, "actor")
         num_workers = len(pickled)
         self.policy = policy
@@ -210,7 +210,8 @@ class RayCollector(CollectorBase):
             self._warn_if_too_big()
             options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": self.max_restarts,
                        "max_task_retries": -1}
-            self._actors = [_RemoteWorker.options(**options).remote(fn, payload, config) for fn in pickled]
+            self._actors = [_RemoteWorker.options(**options).remote(fn, payload, config)
+                            for fn, payload in zip(pickled, payloads)]
             infos = self._gather([actor.info.remote() for actor in self._actors], "construction")
             check_same_specs({f"actor {w}": info["specs"] for w, info in enumerate(infos)},
                              f"All actors of one {OWNER} must build envs with the same specs.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
@@ -13,7 +14,9 @@ from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
 from .policies import make_policy, one_policy, policy_module
 from .policy_transforms import with_policy_transforms
+from .preemption import steps_taken_mask
 from .remote_calls import LocalCalls
+from .stats import TRAJ_KEY
 from .weights import policy_weights_of, requested_weights
 
 
@@ -36,11 +39,14 @@ class Collector(LocalCalls, CollectorBase):
             TorchRL's warning).
         total_frames: frames to collect in all (-1: endless).
         device: default for ``policy_device`` and ``storing_device``; ``env_device`` must be the CPU.
-        policy_device: where the policy runs (inputs go there through pinned memory, actions come back).
-        storing_device: where yielded batches live.
+        policy_device: where the policy runs (inputs go there through pinned memory, actions come back; the
+            TensorDicts the policy sees carry that device, the CPU too).
+        storing_device: where yielded batches live (default: ``device``, else ``env_device`` when it is the
+            ``policy_device``, else none: batches without a device, as TorchRL's).
         split_trajs, reset_at_each_iter, init_random_frames, max_frames_per_traj, postproc, replay_buffer,
         extend_buffer, set_truncated, track_traj_ids, pre_collect_hook, post_collect_hook, compile_policy,
-        trust_policy, no_cuda_sync: as in TorchRL (see ``collectors/options.py`` for the few TorchRL
+        trust_policy, no_cuda_sync, compact_obs, use_buffers (either value: the same batches), interruptor
+        (``preemption.py``): as in TorchRL (see ``collectors/options.py`` for the few TorchRL
             arguments refused, each with its reason).
         exploration_type: the interaction type the policy runs under, as in TorchRL (default
             ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
@@ -75,16 +81,21 @@ class Collector(LocalCalls, CollectorBase):
                  check_values: bool = False, return_same_td: bool = False, create_env_kwargs: dict | None = None,
                  policy_factory=None, compile_policy=None, backend=None, num_collectors=None, sync=None,
                  auto_register_policy_transforms: bool | None = None, worker_idx: int | None = None,
-                 **torchrl_kwargs):
+                 interruptor=None, **torchrl_kwargs):
         options = torchrl_options("Collector", split_trajs=split_trajs, return_same_td=return_same_td,
                                   **torchrl_kwargs)
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
-                         storing_device=storing_device or device, progress_bar=progress_bar,
+                         storing_device=storing_device or device or same_device(env_device, policy_device),
+                         progress_bar=progress_bar,
                          return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
                          compile_policy=compile_policy)
         check_env_device(env_device, "Collector")
         self.worker_idx = worker_idx  # TorchRL's label for a collector that is one worker of several
+        if interruptor is not None and not callable(getattr(interruptor, "collection_stopped", None)):
+            raise TypeError("Collector: interruptor must have a collection_stopped() method (TorchRL's interruptor), "
+                            f"got {type(interruptor).__name__}.")
+        self.interruptor = interruptor
         policy = one_policy(policy, policy_factory, "Collector")
         if create_env_kwargs and callable(create_env_fn) and not hasattr(create_env_fn, "batch_size"):
             create_env_fn = functools.partial(create_env_fn, **create_env_kwargs)
@@ -95,7 +106,7 @@ class Collector(LocalCalls, CollectorBase):
             self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device,
                                                self.env.full_observation_spec, self._unbatched), compile_policy)
             self._module = policy_module(policy) if policy is not None else None
-            self._loop = BatchLoop(self.env, self.policy, steps, **loop_options(
+            self._loop = BatchLoop(self.env, self.policy, steps, interruptor=interruptor, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))
         except BaseException:
             self._shutdown()
@@ -103,14 +114,25 @@ class Collector(LocalCalls, CollectorBase):
 
     def _collect(self, random: bool) -> TensorDictBase:
         batch = self._loop.collect(random)
+        if self._loop.steps_taken < self._loop.steps:  # stopped by the interruptor (see preemption.py)
+            self._taken = steps_taken_mask(torch.full((batch.shape[0],), self._loop.steps_taken), batch.shape[1])
         return batch if self.return_same_td else self._recycler.clone(batch)
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
+        if self.storing_device is None and batch.device is not None:  # TorchRL's: no storing device, no device
+            batch.clear_device_()
         if self._unbatched:
             return batch[0]
         if len(self.env.batch_size) == 1:
             return batch
         return batch.reshape(*self.env.batch_size, batch.shape[-1])  # [*env batch, T], as TorchRL
+
+    def fake_tensordict(self) -> TensorDictBase:
+        """A zero-filled TensorDict shaped like one batch (TorchRL's method): the keys, dtypes, batch size and dim
+        names of ``next(iter(collector))`` for this collector's arguments, without stepping the env."""
+        batch = self._loop.storage.clone().zero_()
+        batch.set(TRAJ_KEY, torch.zeros(batch.shape, dtype=torch.int64))
+        return self._finish(self._in_torchrl_layout(batch), hook=False)
 
     def _envs_per_buffer_write(self) -> int | None:
         return None if self._unbatched else self.env.batch_size.numel()
@@ -145,3 +167,10 @@ class Collector(LocalCalls, CollectorBase):
         if self.__dict__.get("_owns_env") and not self.env.is_closed:
             self.env.close()
 
+
+def same_device(env_device, policy_device):
+    """TorchRL's storing device when neither ``storing_device`` nor ``device`` is given: the env's and the policy's
+    device when they are one (else None: the batches carry no device)."""
+    if env_device is None or policy_device is None or torch.device(env_device) != torch.device(policy_device):
+        return None
+    return torch.device(env_device)

@@ -42,6 +42,8 @@ class TrajectoryTracker:
     ``("collector", "traj_ids")`` (int64 ``[n_envs, T]``; a trajectory that spans batches keeps its id) and
     returns ``{"returns": float [k], "lengths": int64 [k]}`` for the ``k`` episodes that ended in the batch
     (returns summed over reward dims, counted from the episode's start even if that was batches ago).
+    ``valid`` (bool ``[n_envs, T]``, for preempted batches): the steps collected; the others (zeroed by the
+    caller, so that no episode ends there) get the id -1, TorchRL's mark, and do not count in episode lengths.
     """
 
     def __init__(self, n_envs: int):
@@ -50,14 +52,14 @@ class TrajectoryTracker:
         self.running_return = torch.zeros(n_envs, dtype=torch.float64)
         self.running_length = torch.zeros(n_envs, dtype=torch.int64)
 
-    def annotate(self, batch: TensorDictBase, rows: range | None = None) -> dict:
+    def annotate(self, batch: TensorDictBase, rows: range | None = None, valid: torch.Tensor | None = None) -> dict:
         """``rows``: the envs the batch holds, when not all of them (one worker's batch)."""
         if rows is not None and len(rows) != len(self.current):
             part = TrajectoryTracker(len(rows))
             part.current, part.next_id = self.current[rows.start:rows.stop], self.next_id
             part.running_return = self.running_return[rows.start:rows.stop]
             part.running_length = self.running_length[rows.start:rows.stop]
-            stats = part.annotate(batch)
+            stats = part.annotate(batch, valid=valid)
             self.next_id = part.next_id
             self.current[rows.start:rows.stop] = part.current
             self.running_return[rows.start:rows.stop] = part.running_return
@@ -70,10 +72,10 @@ class TrajectoryTracker:
         new = ends.sum(1)
         offsets = new.cumsum(0) - new
         ids = torch.where(before == 0, self.current[:, None], self.next_id + offsets[:, None] + before - 1)
-        batch.set(TRAJ_KEY, ids)
         self.current = torch.where(done[:, -1], self.next_id + offsets + new - 1, ids[:, -1])
         self.next_id += int(new.sum())
-        return self._episodes(batch, before, new, n, t)
+        batch.set(TRAJ_KEY, ids if valid is None else ids.masked_fill(~valid, -1))
+        return self._episodes(batch, before, new, n, t, valid)
 
     def restart(self, rows) -> None:
         """The envs in ``rows`` were rebuilt: their next steps belong to new trajectories, whose returns
@@ -84,14 +86,15 @@ class TrajectoryTracker:
         self.running_return[rows] = 0
         self.running_length[rows] = 0
 
-    def _episodes(self, batch, before, new, n, t) -> dict:
+    def _episodes(self, batch, before, new, n, t, valid) -> dict:
         reward = batch.get(("next", "reward"), None)
         if reward is None:
             return {"returns": torch.zeros(0), "lengths": torch.zeros(0, dtype=torch.int64)}
         reward = reward.reshape(n, t, -1).sum(-1).double()
         segment = (torch.arange(n)[:, None] * (t + 1) + before).flatten()
         sums = torch.zeros(n * (t + 1), dtype=torch.float64).index_add_(0, segment, reward.flatten())
-        lens = torch.zeros(n * (t + 1), dtype=torch.int64).index_add_(0, segment, torch.ones_like(segment))
+        steps = torch.ones_like(segment) if valid is None else valid.flatten().long()
+        lens = torch.zeros(n * (t + 1), dtype=torch.int64).index_add_(0, segment, steps)
         sums, lens = sums.view(n, t + 1), lens.view(n, t + 1)
         sums[:, 0] += self.running_return
         lens[:, 0] += self.running_length
@@ -100,3 +103,18 @@ class TrajectoryTracker:
         self.running_return = sums[rows, new].clone()
         self.running_length = lens[rows, new].clone()
         return {"returns": sums[finished].float(), "lengths": lens[finished]}
+
+
+DONE_NAMES = ("done", "terminated", "truncated")
+
+
+def next_observation_keys(batch: TensorDictBase) -> list:
+    """The ``("next", ...)`` entries that are observations or state (what TorchRL's ``compact_obs`` leaves out): those
+    the root holds too, but the done flags."""
+    root = set(batch.exclude("next").keys(True, True))
+    keys = []
+    for key in batch.get("next").keys(True, True):
+        name = key[-1] if isinstance(key, tuple) else key
+        if key in root and name not in DONE_NAMES:
+            keys.append(("next", *key) if isinstance(key, tuple) else ("next", key))
+    return keys

@@ -57,6 +57,8 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
                 seen = int(weights.version)
             versions[channel.index] = seen
             loop.collect(random)
+            if config["steps_taken"] is not None:  # preemption: how far this worker got
+                config["steps_taken"][channel.index] = loop.steps_taken
 
         if channel.ready(loop.storage):
             channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)}, loop)

@@ -22,24 +22,27 @@ def live_children(process: psutil.Process | None = None) -> list[psutil.Process]
     return out
 
 
-_OUR_SEMAPHORES: set[str] = set()
+_OUR_SEMAPHORES: set[str] = set()  # and multiprocessing.shared_memory segments
+_TRACKED = {"semaphore": "sem.", "shared_memory": ""}  # resource type -> its /dev/shm entry's prefix
+_TRACKED_PREFIXES = ("sem.", "psm_")
 
 
 def _track_semaphores() -> None:
-    """Remember the named semaphores this process registers, so that /dev/shm entries made by unrelated
-    processes on the same machine are not mistaken for our leaks."""
+    """Remember the named semaphores and ``multiprocessing.shared_memory`` segments this process registers (ours
+    are all made in the main process), so that /dev/shm entries made by unrelated processes on the same machine
+    (another pytest-xdist worker, say) are not mistaken for our leaks."""
     from multiprocessing import resource_tracker
 
     register, unregister = resource_tracker.register, resource_tracker.unregister
 
     def tracked_register(name, rtype):
-        if rtype == "semaphore":
-            _OUR_SEMAPHORES.add("sem." + name.lstrip("/"))
+        if rtype in _TRACKED:
+            _OUR_SEMAPHORES.add(_TRACKED[rtype] + name.lstrip("/"))
         return register(name, rtype)
 
     def tracked_unregister(name, rtype):
-        if rtype == "semaphore":
-            _OUR_SEMAPHORES.discard("sem." + name.lstrip("/"))
+        if rtype in _TRACKED:
+            _OUR_SEMAPHORES.discard(_TRACKED[rtype] + name.lstrip("/"))
         return unregister(name, rtype)
 
     resource_tracker.register, resource_tracker.unregister = tracked_register, tracked_unregister
@@ -64,6 +67,6 @@ def no_leaks():
     left = [p for p in live_children() if p.pid not in before_children]
     psutil.wait_procs(left, timeout=3)
     left = [p for p in live_children() if p.pid not in before_children]
-    new_shm = {e for e in shm_entries() - before_shm if not e.startswith("sem.") or e in _OUR_SEMAPHORES}
+    new_shm = {e for e in shm_entries() - before_shm if not e.startswith(_TRACKED_PREFIXES) or e in _OUR_SEMAPHORES}
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     assert not new_shm, f"/dev/shm entries left behind: {sorted(new_shm)}"

@@ -1,0 +1,112 @@
+"""Our collectors beside TorchRL's on the same arguments: batch keys, dtypes and devices; ``compact_obs``,
+``use_buffers``, ``fake_tensordict()``; per-worker policy factories and weights."""
+import functools
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.collectors import Collector as TorchRLCollector
+from torchrl.envs import InitTracker, TransformedEnv
+from torchrl.envs.utils import RandomPolicy
+from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv, DiscreteActionVecMockEnv
+from torchrl.weight_update import SharedMemWeightSyncScheme
+
+from tdcollect.collectors import Collector, MultiSyncCollector
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def tracked_env():
+    return TransformedEnv(ContinuousActionVecMockEnv(), InitTracker())
+
+
+def keys_of(batch) -> set:
+    return set(batch.keys(True, True))
+
+
+@pytest.mark.parametrize("compact_obs", [False, True])
+@pytest.mark.parametrize("use_buffers", [True, False])
+def test_compact_obs_and_use_buffers_give_torchrls_keys(compact_obs, use_buffers, no_leaks):
+    kwargs = {"frames_per_batch": 10, "total_frames": 10, "compact_obs": compact_obs, "use_buffers": use_buffers}
+    policy = RandomPolicy(tracked_env().action_spec)
+    theirs = TorchRLCollector(tracked_env, policy, **kwargs)
+    try:
+        reference = next(iter(theirs))
+    finally:
+        theirs.shutdown()
+    with Collector(tracked_env, policy, **kwargs) as ours:
+        mine = next(iter(ours))
+        fake = ours.fake_tensordict()
+    assert keys_of(mine) == keys_of(reference)
+    assert (("next", "observation") in keys_of(mine)) is not compact_obs
+    assert mine.batch_size == reference.batch_size == fake.batch_size and fake.names == mine.names
+    assert keys_of(fake) == keys_of(mine)
+    assert all(not leaf.any() for leaf in fake.values(True, True)), "fake_tensordict() is zeros"
+
+
+class OneHotInt64Policy(nn.Module):
+    """Writes int64 one-hot actions (the env's spec is bool): the batch keeps what the policy wrote, as TorchRL's."""
+
+    def forward(self, tensordict):
+        obs = tensordict["observation"]
+        return tensordict.set("action", nn.functional.one_hot(obs.argmax(-1), obs.shape[-1]))
+
+
+def test_batch_holds_the_actions_in_the_policys_dtype(no_leaks):
+    with Collector(DiscreteActionVecMockEnv, OneHotInt64Policy(), frames_per_batch=5, total_frames=5) as ours:
+        batch = next(iter(ours))
+    assert batch["action"].dtype == torch.int64 and (batch["action"].sum(-1) == 1).all()
+
+
+class DeviceCheckingPolicy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, tensordict):
+        self.seen.append(tensordict.device)
+        return tensordict.set("action", torch.zeros(tensordict.shape + (7,)))
+
+
+@pytest.mark.parametrize("kwargs, policy_sees, batch_device", [
+    ({}, None, None),
+    ({"policy_device": "cpu"}, torch.device("cpu"), None),
+    ({"device": "cpu"}, torch.device("cpu"), torch.device("cpu")),
+    ({"policy_device": "cpu", "env_device": "cpu"}, torch.device("cpu"), torch.device("cpu")),
+])
+def test_devices_of_the_policys_tensordicts_and_of_batches(kwargs, policy_sees, batch_device, no_leaks):
+    policy = DeviceCheckingPolicy()
+    with Collector(ContinuousActionVecMockEnv, policy, frames_per_batch=3, total_frames=3, **kwargs) as ours:
+        batch = next(iter(ours))
+    assert set(policy.seen) == {policy_sees}
+    assert batch.device == batch_device
+
+
+def bias_policy(value: float):
+    """A factory: a linear policy whose action is ``value`` everywhere."""
+    module = nn.Linear(7, 7)
+    with torch.no_grad():
+        module.weight.zero_()
+        module.bias.fill_(value)
+    return TensorDictModule(module, ["observation"], ["action"])
+
+
+def test_a_policy_factory_per_worker_and_per_worker_weights(no_leaks):
+    factories = [functools.partial(bias_policy, float(w)) for w in range(2)]
+    with MultiSyncCollector([ContinuousActionVecMockEnv] * 2, policy_factory=factories, frames_per_batch=10,
+                            weight_sync_schemes={"policy": SharedMemWeightSyncScheme(per_worker_weights=True)},
+                            check_actions=False) as collector:
+        it = iter(collector)
+        actions = next(it)["action"]
+        assert (actions[0] == 0).all() and (actions[1] == 1).all()
+        weights = TensorDict({"module": {"weight": torch.zeros(7, 7), "bias": torch.full((7,), 5.0)}})
+        collector.update_policy_weights_({1: weights})
+        actions = next(it)["action"]
+        assert (actions[0] == 0).all() and (actions[1] == 5).all(), "only worker 1 loads the weights"
+    with pytest.raises(ValueError, match="one per worker"):
+        MultiSyncCollector([ContinuousActionVecMockEnv] * 2, policy_factory=factories[:1], frames_per_batch=10)
+    with pytest.raises(ValueError, match="per-worker weights"):
+        MultiSyncCollector([ContinuousActionVecMockEnv] * 2, bias_policy(0.0), frames_per_batch=10,
+                           weight_sync_schemes={"policy": SharedMemWeightSyncScheme(per_worker_weights=True)})
