@@ -104,7 +104,10 @@ class BatchLoop:
         if extra:
             fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
         for key in self.env.action_keys:  # as TorchRL's, batches hold the actions the policy wrote, in its dtype
-            wrote, spec = probe.get(key, None), fake.get(key)
+            try:
+                wrote, spec = probe.get(key, None), fake.get(key)
+            except RuntimeError:  # entries of heterogeneous shapes (lazily stacked) cannot be one tensor: as they are
+                continue
             if wrote is not None and wrote.dtype != spec.dtype and wrote.shape == spec.shape:
                 fake.set(key, torch.zeros(spec.shape, dtype=wrote.dtype))
         if self.max_frames_per_traj:  # what TorchRL's StepCounter adds

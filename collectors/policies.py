@@ -173,7 +173,7 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
 
 def policy_module(policy) -> nn.Module | None:
     """The ``nn.Module`` holding the policy's weights, if any."""
-    if isinstance(policy, (OnDevice, OnOneEnv)):
+    while isinstance(policy, (OnDevice, OnOneEnv)):
         policy = policy.policy
     if isinstance(policy, DirectModule):
         policy = policy.td_module
