@@ -225,9 +225,9 @@ def test_policy_factory_compile_policy_and_create_env_kwargs(no_leaks):
 
 
 @pytest.mark.parametrize("argument, value, message", [
-    ("preemptive_threshold", 0.7, "preemption is not supported"),
+    ("weight_updater", object(), "through shared memory"),
     ("weight_sync_schemes", {"policy": object()}, "one shared-memory copy"),
-    ("use_buffers", False, "preallocated"),
+    ("collector_class", object(), "own collector loop"),
     ("reset_when_done", False, "always reset a finished env"),
     ("cudagraph_policy", True, "CUDA graphs are not supported"),
 ])
