@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import spaces
+from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 from .gym_io import (
@@ -273,7 +274,7 @@ class TorchRLStepper:
             self.env.set_seed(seed)
         self._state = self.env.reset()
         self._check(self._state, self._root_shapes, "reset()")
-        self._root.update_(self._state.select(*self._root_keys))
+        _write(self._root, self._state.select(*self._root_keys))
         self._keep_objects(None)
 
     def reset_elements(self, mask: np.ndarray) -> None:
@@ -289,7 +290,7 @@ class TorchRLStepper:
             state.set(key, view.expand(shape).clone())
         self._state = self.env.reset(state)
         self._check(self._state, self._root_shapes, "reset()")
-        self._root.update_(self._state.select(*self._root_keys))
+        _write(self._root, self._state.select(*self._root_keys))
         self._keep_objects(None)
 
     def step(self) -> None:
@@ -300,8 +301,8 @@ class TorchRLStepper:
         stepped_next = stepped.get("next")
         self._check(stepped_next, self._next_shapes, "step()")
         self._check(self._state, self._root_shapes, "reset()")
-        self._next.update_(stepped_next.select(*self._next_keys))
-        self._root.update_(self._state.select(*self._root_keys))
+        _write(self._next, stepped_next.select(*self._next_keys))
+        _write(self._root, self._state.select(*self._root_keys))
         self._keep_objects(stepped_next)
 
     def _keep_objects(self, stepped_next) -> None:
@@ -411,3 +412,10 @@ class DmEnvStepper:
 
     def close(self) -> None:
         self.env.close()
+
+
+def _write(buffers: TensorDictBase, values: TensorDictBase) -> None:
+    """Copy an env's outputs into its buffers, outside autograd (an env whose outputs carry a graph, e.g. stepped
+    with actions that require grad, must not tie the shared buffers to it)."""
+    with torch.no_grad():
+        buffers.update_(values)

@@ -338,7 +338,7 @@ class BatchedEnv(Forwarding, EnvBase):
         """
         values = self.checked_actions(tensordict, self.num_envs, self._value_checks, check)
         for (_, buffer, _), value in zip(self._action_slots, values):
-            buffer.copy_(value)
+            buffer.copy_(value.detach())  # (an action that requires grad must not tie the buffers to its graph)
 
     def checked_actions(self, tensordict: TensorDictBase, n: int, value_checks: dict,
                         check: bool | None = None) -> list[torch.Tensor]:

@@ -288,3 +288,17 @@ def test_module_machinery_works_on_the_env(kind, no_leaks):
         env.state_dict()
         assert env.to("cpu") is env
         assert env.rollout(2).batch_size == (2, 2)
+
+
+def test_actions_that_require_grad_tie_no_graph_to_the_buffers(kind, no_leaks):
+    from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
+
+    with make(kind, 2, ContinuousActionVecMockEnv) as env:
+        weight = torch.ones((), requires_grad=True)  # as a policy's output outside torch.no_grad()
+        td = env.reset()
+        td["action"] = env.action_spec.rand() * weight
+        env.step(td)
+        env.reset()  # it raised "Autograd not support dtype: Bool" when the buffers held the graph
+        buffers = [*env.root_buffer.values(True, True), *env.next_buffer.values(True, True)]
+        assert not any(leaf.requires_grad for leaf in buffers)
+        assert env.rollout(3).batch_size == (2, 3)
