@@ -72,6 +72,7 @@ class MultiAsyncCollector(ProcessCollector):
             batch = self._same[w]
         else:
             batch = self._recycler.clone(storage)
+        self._acted_versions = self._versions_tensor.clone()  # (before the worker records its next batch's)
         self._start([w])  # it collects its next batch while the caller uses this one
         self._last_worker = w
         self._batch_rows = self._rows(w)

@@ -155,6 +155,7 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             raise
         self.envs_per_worker = self._handshake.envs_per_worker
         self._worker_frames, self._worker_batches = [0] * num_workers, [0] * num_workers
+        self._acted_versions: torch.Tensor | None = None  # the workers' versions when the last batch was taken
 
     def _recover(self, err: WorkerError) -> list[int]:
         """Replace the failed workers while ``max_restarts`` allows (their envs start new episodes, with new
@@ -330,7 +331,9 @@ class ProcessCollector(WorkerCalls, CollectorBase):
     def _frame_versions(self, n_envs: int) -> torch.Tensor:
         rows = self._batch_rows or range(n_envs)
         workers = [w for w in range(self.num_workers) if self._rows(w).start in rows]
-        return torch.cat([self._versions_tensor[w].clamp(min=0).expand(self.envs_per_worker[w]) for w in workers])
+        # the versions the batch was collected with (an async worker may have started its next batch since)
+        versions = self._versions_tensor if self._acted_versions is None else self._acted_versions
+        return torch.cat([versions[w].clamp(min=0).expand(self.envs_per_worker[w]) for w in workers])
 
     @property
     def weight_versions(self) -> list[int]:
