@@ -263,6 +263,7 @@ def _open_fds() -> dict[str, str]:
     return fds
 
 
+@pytest.mark.slow
 def test_200_create_close_cycles_keep_fds_and_shm_flat(no_leaks, unrelated_shm):
     pids = {os.getpid()}  # this process and every worker it started: the torch_<pid>_... files that are ours
 

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         if not (args.all or args.reference):
             env["TDSWAP_SKIP"] = str(HERE / "collectors_expected_failures.txt")
     # the collectors suite (~355 tests, most waiting on process start-ups) runs on two pytest workers to fit CI
-    workers = ["-n", "2"] if args.suite == "collectors" else []
+    workers = ["-n", "2", "--dist", "worksteal"] if args.suite == "collectors" else []
     command = [sys.executable, "-m", "pytest", "-p", "swap_plugin", "-p", "no:cacheprovider", "-q", "-rfE",
                "--timeout", "120", "--tb=no", "-W", "ignore::DeprecationWarning", *workers, *SUITES[args.suite]]
     run = subprocess.run(command, cwd=Path(args.rl) / "test", env=env, capture_output=True, text=True)
