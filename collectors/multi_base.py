@@ -272,10 +272,12 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         super().load_state_dict(state_dict, strict=strict)
 
     def update_policy_weights_(self, policy_weights=None, **kwargs) -> None:
-        """Copy the policy's current weights (or ``policy_weights``, a TensorDict or a module of the same
-        structure; TorchRL's ``policy_or_weights``) into the shared copy; every worker acts with them from its
-        next batch on (see ``weight_versions``). Policies built in the workers by ``policy_factory`` (without
-        ``policy=``) each load the weights given, or, as TorchRL's per-worker weights, ``{worker: weights}``."""
+        """A new weights version (see ``weight_versions``). On the CPU the workers act with the policy's own
+        tensors (``weights.py``), so the call only marks the version, or copies ``policy_weights`` (a TensorDict or a
+        module of the same structure; TorchRL's ``policy_or_weights``) into them; elsewhere the policy's weights (or
+        those given) are copied into the shared copy, which every worker pulls at its next batch. Policies built in
+        the workers by ``policy_factory`` (without ``policy=``) each load the weights given, or, as TorchRL's
+        per-worker weights, ``{worker: weights}``."""
         worker_ids = kwargs.pop("worker_ids", None)  # the shared weights reach every worker
         policy_weights = requested_weights(policy_weights, kwargs)
         per_worker = isinstance(policy_weights, dict) and all(isinstance(w, int) for w in policy_weights)
