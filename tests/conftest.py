@@ -71,9 +71,3 @@ def no_leaks():
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     assert not new_shm, f"/dev/shm entries left behind: {sorted(new_shm)}"
 
-
-def pytest_collection_modifyitems(config, items):
-    """The long tests (marked ``slow`` or ``ray``) run first, in collection order otherwise: on two pytest-xdist
-    workers the many short tests then fill the end evenly, instead of one worker running a long test alone while
-    the other waits."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.get_closest_marker("ray") is None)

@@ -63,10 +63,11 @@ def main(argv=None) -> int:
         env["TDSWAP_SELECT"] = str(HERE / "collectors_selected.txt")
         if not (args.all or args.reference):
             env["TDSWAP_SKIP"] = str(HERE / "collectors_expected_failures.txt")
-    # the collectors suite (~355 tests, most waiting on process start-ups) runs on two pytest workers to fit CI
-    workers = ["-n", "2", "--dist", "worksteal"] if args.suite == "collectors" else []
+    # two pytest workers (the collectors suite: ~390 tests, most waiting on process start-ups), to fit CI
+    workers = ["-n", "2"]
     command = [sys.executable, "-m", "pytest", "-p", "swap_plugin", "-p", "no:cacheprovider", "-q", "-rfE",
-               "--timeout", "120", "--tb=no", "-W", "ignore::DeprecationWarning", *workers, *SUITES[args.suite]]
+               "--timeout", "120", "--tb=no", "--durations=10", "-W", "ignore::DeprecationWarning", *workers,
+               *SUITES[args.suite]]
     run = subprocess.run(command, cwd=Path(args.rl) / "test", env=env, capture_output=True, text=True)
     print(run.stdout[-3000:])
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.MULTILINE)))
