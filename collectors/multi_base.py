@@ -101,21 +101,20 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                  **torchrl_kwargs):
         exit_if_bootstrapping()
         owner = self.owner
-        n_workers = len(create_env_fn) if isinstance(create_env_fn, (list, tuple)) else (num_workers or 1)
-        frames_per_batch, shares = per_worker_frames(frames_per_batch, n_workers, owner)
         device, env_device, policy_device, storing_device = (
             one_device(value, owner, name) for value, name in ((device, "device"), (env_device, "env_device"),
                                                                 (policy_device, "policy_device"),
                                                                 (storing_device, "storing_device")))
         options = torchrl_options(owner, split_trajs=split_trajs, return_same_td=return_same_td,
                                   built_in_policies=policy_factory is not None and policy is None, **torchrl_kwargs)
+        pickled, payloads, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
+                                                   env_device, owner, "worker", policy_factory)
+        frames_per_batch, shares = per_worker_frames(frames_per_batch, len(pickled), owner)
         super().__init__(frames_per_batch, total_frames, split_trajs=split_trajs,
                          init_random_frames=init_random_frames,
                          storing_device=storing_device or device, progress_bar=progress_bar,
                          return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
                          compile_policy=compile_policy)
-        pickled, payloads, module = prepare_workers(create_env_fn, policy, num_workers, create_env_kwargs,
-                                                   env_device, owner, "worker", policy_factory)
         if num_threads is not None:  # TorchRL's meaning: the threads of this (the main) process
             torch.set_num_threads(int(num_threads))
         self.policy = policy

@@ -12,7 +12,8 @@ from tdcollect.envs.errors import WorkerError
 from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 
 from .multi_base import ProcessCollector
-from .preemption import MASK_KEY, steps_taken_mask
+from .preemption import steps_taken_mask
+from .stats import MASK_KEY
 
 
 class MultiSyncCollector(ProcessCollector):

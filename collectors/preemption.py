@@ -16,8 +16,6 @@ from tensordict import TensorDictBase
 
 from tdcollect.envs.shared import in_shared_memory
 
-MASK_KEY = ("collector", "mask")
-
 
 class StopFlag:
     """One bool in shared memory: ``stop_collection()`` in the main process, ``collection_stopped()`` in the

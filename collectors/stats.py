@@ -4,7 +4,11 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
+from tdcollect.envs.shared import key_tuple
+from tdcollect.envs.specs import DONE_KEYS
+
 TRAJ_KEY = ("collector", "traj_ids")
+MASK_KEY = ("collector", "mask")  # TorchRL's flags of the steps that hold data (padded or preempted batches)
 
 
 def episode_ends(batch: TensorDictBase) -> torch.Tensor:
@@ -105,16 +109,9 @@ class TrajectoryTracker:
         return {"returns": sums[finished].float(), "lengths": lens[finished]}
 
 
-DONE_NAMES = ("done", "terminated", "truncated")
-
-
 def next_observation_keys(batch: TensorDictBase) -> list:
     """The ``("next", ...)`` entries that are observations or state (what TorchRL's ``compact_obs`` leaves out): those
     the root holds too, but the done flags."""
     root = set(batch.exclude("next").keys(True, True))
-    keys = []
-    for key in batch.get("next").keys(True, True):
-        name = key[-1] if isinstance(key, tuple) else key
-        if key in root and name not in DONE_NAMES:
-            keys.append(("next", *key) if isinstance(key, tuple) else ("next", key))
-    return keys
+    return [("next", *key_tuple(key)) for key in batch.get("next").keys(True, True)
+            if key in root and key_tuple(key)[-1] not in DONE_KEYS]

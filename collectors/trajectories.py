@@ -20,10 +20,9 @@ import warnings
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, pad
 
-from .stats import TRAJ_KEY
+from tdcollect.envs.specs import DONE_KEYS
 
-MASK_KEY = ("collector", "mask")
-_END_KEYS = ("done", "terminated", "truncated")
+from .stats import MASK_KEY, TRAJ_KEY
 
 
 def check_trajectory_options(trajs_per_batch, trajs_per_write, traj_format, has_replay_buffer: bool,
@@ -53,7 +52,7 @@ def _ends_done(piece: TensorDictBase) -> bool:
     after = piece.get("next", None)
     if after is None:
         return False
-    for name in _END_KEYS:
+    for name in DONE_KEYS:
         flag = after.get(name, None)
         if flag is not None and bool(flag[-1].any()):
             return True

@@ -70,4 +70,3 @@ def no_leaks():
     new_shm = {e for e in shm_entries() - before_shm if not e.startswith(_TRACKED_PREFIXES) or e in _OUR_SEMAPHORES}
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     assert not new_shm, f"/dev/shm entries left behind: {sorted(new_shm)}"
-
