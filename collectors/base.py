@@ -284,7 +284,7 @@ class CollectorBase:
     # TorchRL's internal names that its own tools and tests read: read-only views of ours
     _frames = property(lambda self: self.frames)
     _iter = property(lambda self: self.batches - 1)  # TorchRL counts batches from -1
-    _use_buffers = True  # every batch goes into preallocated (shared-memory) buffers
+    _use_buffers = True  # batches go into preallocated (shared-memory) buffers where the env allows (stacked.py)
 
     # TorchRL's attribute names for the whole-trajectory arguments
     trajs_per_batch = property(lambda self: self.options.trajs_per_batch)

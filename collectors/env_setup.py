@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import cloudpickle
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
+from torchrl.data import StackedComposite
 from torchrl.envs import EnvBase
 
 from tdcollect.envs import SerialEnv
 from tdcollect.envs.errors import SpecMismatchError
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs, is_env_instance
-from tdcollect.envs.shared import EnvSpecs
+from tdcollect.envs.shared import EnvSpecs, unbufferable
 
 from .policies import make_policy, policy_module
+from .stacked import stacking_reason
 
 
 def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
@@ -20,17 +22,28 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
     as it is; any other env the engine steps (a gymnasium env, an unbatched TorchRL env, a ``dm_env`` env such as a
     MeltingPot substrate) becomes a one-env SerialEnv, which raises a ``TypeError`` for anything else. A
     callable that is not an env is called first (``owned``: the collector built it, so it closes it).
-    ``unbatched``: the env was wrapped (its batches are ``[T]`` in TorchRL's layout, not ``[1, T]``)."""
+    ``unbatched``: the env has no batch dim (its batches are ``[T]`` in TorchRL's layout, not ``[1, T]``); it
+    was wrapped, but when a SerialEnv's step buffers cannot hold it (:func:`fits_step_buffers`): then it is
+    stepped as it is."""
     owned = False
     env = env_or_factory
     if not is_env_instance(env):
         if not callable(env):
             raise TypeError(f"{owner} needs an env or a function that builds one, got {type(env).__name__}.")
         env, owned = env(), True
+    if isinstance(env, EnvBase) and env.batch_size == () and not fits_step_buffers(env):
+        return env, owned, True  # stepped as it is (see stacked.py)
     if not isinstance(env, EnvBase) or env.batch_size == ():
         instance = env
         return SerialEnv(1, lambda: instance, owner=owner), True, True
     return env, owned, False
+
+
+def fits_step_buffers(env: EnvBase) -> bool:
+    """Whether a SerialEnv can hold ``env`` (a TorchRL env) in its step buffers: no dynamic, heterogeneous or
+    non-tensor entries (``stacked.py``)."""
+    specs = EnvSpecs(env.full_observation_spec, env.full_action_spec, env.full_reward_spec, env.full_done_spec)
+    return stacking_reason(env) is None and unbufferable(specs.buffer_spec()) is None
 
 
 class CopyOfEnv:
@@ -60,10 +73,13 @@ def copies_of_torchrl_instances(create_env_fn, owner: str):
 
 
 def worker_specs(env: EnvBase) -> EnvSpecs:
-    """The specs of one env of a worker's batched ``env``: what a remote collector worker reports at start-up, so
-    that the main process can check that every worker steps the same envs (bounds included)."""
-    return EnvSpecs(env.full_observation_spec[0], env.full_action_spec[0], env.full_reward_spec[0],
-                    env.full_done_spec[0])
+    """The specs of one env of a worker's batched ``env`` (of all of them, for an unbatched env or heterogeneous
+    entries): what a remote collector worker reports at start-up, so that the main process can check that every
+    worker steps the same envs (bounds included)."""
+    specs = (env.full_observation_spec, env.full_action_spec, env.full_reward_spec, env.full_done_spec)
+    if not env.batch_size or any(isinstance(spec, StackedComposite) for s in specs for spec in s.values(True)):
+        return EnvSpecs(*specs)  # an unbatched env, or heterogeneous entries (not indexable by env): as they are
+    return EnvSpecs(*(spec[0] for spec in specs))
 
 
 def build_worker(factory, policy_payload: bytes | None, policy_device, owner: str):
@@ -78,7 +94,7 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
         if isinstance(user_policy, BuiltInWorker):
             user_policy = user_policy.policy_factory()
         policy = make_policy(user_policy, env.full_action_spec, policy_device, env.full_observation_spec,
-                             unbatched=unbatched)
+                             unbatched=unbatched and bool(env.batch_size))
         module = policy_module(user_policy)  # the user's module, as the shared weights were taken from it
     except BaseException:
         env.close()
@@ -131,13 +147,24 @@ def prepare_workers(create_env_fn, policy, num_workers: int | None, create_env_k
     return pickled, payloads, policy_module(policy) if policy is not None else None
 
 
+def entries(batch: TensorDictBase, prefix: str = "") -> dict[str, tuple]:
+    """``{key: (dtype, shape per step)}`` of a batch ``[n_envs, T]``; the parts of a lazy stack (heterogeneous
+    entries, e.g. one per agent) one by one, as ``"<key> part <i>"``."""
+    if isinstance(batch, LazyStackedTensorDict):
+        return {name: entry for i, part in enumerate(batch.tensordicts)
+                for name, entry in entries(part, f"{prefix} part {i}").items()}
+    found = {}
+    for key, value in batch.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        found.update(entries(value, name) if isinstance(value, TensorDictBase)
+                     else {name: (value.dtype, tuple(value.shape[2:]))})
+    return found
+
+
 def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str) -> None:
     """Every worker's batches (``{worker: TensorDict [n_envs, T]}``) must have the same keys and, per key,
     the same dtype and per-step shape as the first worker's; else a
     :class:`~tdcollect.envs.errors.SpecMismatchError` naming the entries that differ."""
-    def entries(batch) -> dict:
-        return {str(key): (value.dtype, tuple(value.shape[2:])) for key, value in batch.items(True, True)}
-
     first, *rest = sorted(batches)
     reference = entries(batches[first])
     for w in rest:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import cloudpickle
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data import NonTensor
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -32,7 +31,8 @@ from tdcollect.envs.values import check_finite
 
 from .policies import ActionSampler, DirectModule, RandomPolicy, policy_module
 from .profiling import RolloutProfiler
-from .remote_calls import dump_env_transform
+from .remote_calls import call_path, dump_env_transform, resolve
+from .stacked import reshape_leading, stack_steps, stacking_reason
 from .stats import done_leaves, ends_of
 from .weights import policy_weights_of
 
@@ -55,12 +55,13 @@ class BatchLoop:
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False, interruptor=None):
-        if len(env.batch_size) == 0:
-            raise ValueError("the collector needs a batched env (an unbatched one is wrapped first).")
-        non_tensor = [key for key, spec in env.full_observation_spec.items(True, True) if isinstance(spec, NonTensor)]
-        if non_tensor:
-            raise ValueError(f"the collector stores tensor entries only; the env has non-tensor entries "
-                             f"{non_tensor}: use TorchRL's Collector over a ParallelEnv for it.")
+        #: dynamic or non-tensor entries: the batches are the steps' TensorDicts stacked (see ``stacked.py``)
+        self.stacked = stacking_reason(env) is not None
+        if self.stacked and (len(env.batch_size) > 1 or isinstance(env, BatchedEnv) or max_frames_per_traj):
+            raise ValueError(
+                f"the env has {stacking_reason(env)}, so its batches are stacked step by step, which the collector "
+                "does for a TorchRL env with at most one batch dim, without max_frames_per_traj (append a "
+                "StepCounter transform to the env instead).")
         self.env, self.policy, self.steps = env, policy, steps
         self.n_envs = env.batch_size.numel()
         self.reset_at_each_iter = reset_at_each_iter
@@ -80,20 +81,25 @@ class BatchLoop:
         self.profiler = None  # see enable_profile
         self.counter_keys: set = set()  # entries the loop writes itself (max_frames_per_traj's step counts)
         self.root = env.reset()
+        self._first = True
+        if self.stacked:
+            self.lean, self.storage = False, None  # the last batch, once collected
+            return
         template = self._template()
         env_shaped = template.unsqueeze(-1).expand(*env.batch_size, steps).clone()  # [*env batch, steps]
         if shared:
             in_shared_memory(env_shaped, f"the collector's batch storage ({self.n_envs} envs x {steps} steps)")
         self.views = env_shaped.unbind(-1)  # per step, in the env's batch shape
-        #: ``[n_envs, steps]``: a view of the same memory (envs with several batch dims are flattened)
-        self.storage = env_shaped if len(env.batch_size) == 1 else env_shaped.reshape(self.n_envs, steps)
+        #: ``[n_envs, steps]``: a view of the same memory (envs with several batch dims are flattened; an unbatched
+        #: env's steps get a batch dim of one)
+        self.storage = (env_shaped if len(env.batch_size) == 1
+                        else reshape_leading(env_shaped, len(env.batch_size), (self.n_envs,)))
         self.storage_keys = list(self.storage.keys(True, True))
         self._done_leaves = done_leaves(self.storage)  # [n_envs, steps, ...] each
         if self.max_frames_per_traj:  # the step counts max_frames_per_traj writes, [n_envs, steps, 1] each
             self._step_counts = (self.storage.get("step_count"), self.storage.get(("next", "step_count")))
         if self.lean:
             self._prepare_lean()
-        self._first = True
 
     def _template(self) -> TensorDictBase:
         """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
@@ -165,12 +171,13 @@ class BatchLoop:
     def frames_per_batch(self) -> int:
         return self.n_envs * self.steps
 
-    def call_method(self, name: str, args: tuple, kwargs: dict):
-        """``self.<name>(*args, **kwargs)``: what the process collectors' ``map_fn`` runs in each worker."""
-        return getattr(self, name)(*args, **kwargs)
+    def call_method(self, path: str, args: tuple, kwargs: dict):
+        """The callable at attribute ``path`` from this loop (``"env.set_seed"``), called: what the process
+        collectors' ``map_fn`` runs in each worker (see ``remote_calls.py``)."""
+        return call_path(self, path, args, kwargs)
 
-    def get_distant_attr(self, name: str):
-        return getattr(self, name)
+    def get_distant_attr(self, path: str):
+        return resolve(self, path)
 
     def _dump_env_transform(self, step: int | None = None) -> None:
         dump_env_transform(self.env, step)
@@ -215,15 +222,19 @@ class BatchLoop:
             elif self.reset_at_each_iter and not self._first:
                 self.root = self.env.reset()
                 self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
-            step = self._lean_step if self.lean else self._generic_step
+            step = self._lean_step if self.lean else self._stacked_step if self.stacked else self._generic_step
             # actions drawn from the spec itself need no policy call and no check after the first step
             random = random or isinstance(self.policy, RandomPolicy)
             interruptor, self.steps_taken = self.interruptor, self.steps
+            self._steps = []
             for t in range(self.steps):
                 step(t, random)
                 if interruptor is not None and interruptor.collection_stopped():
                     self.steps_taken = t + 1
                     break
+            if self.stacked:  # [n_envs, T]: an unbatched env's steps were given a batch dim of one
+                self.storage = stack_steps(self._steps, -1)
+                self._steps = []
         self._first = False
         if self.check_values:
             check_finite(self.storage.get("next"), "the collector", "step()")
@@ -268,6 +279,16 @@ class BatchLoop:
         self.views[t].update_(td.select(*self.storage_keys, strict=False))
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
+
+    def _stacked_step(self, t: int, random: bool) -> None:
+        if random:
+            td = self.root.update(self.random_actions.sample())
+        else:
+            out = self.policy(self.root)
+            td = out if out is self.root else self.root.update(out)
+        td, self.root = self.env.step_and_maybe_reset(td)
+        td = td.clone()  # (the env may reuse its tensors)
+        self._steps.append(td.unsqueeze(0) if not self.env.batch_size else td)
 
     def _truncate_long_trajectories(self, t: int) -> None:
         """TorchRL's ``max_frames_per_traj`` (its ``StepCounter``): ``"step_count"`` at the root and under

@@ -62,16 +62,18 @@ class MultiAsyncCollector(ProcessCollector):
             except KeyboardInterrupt:
                 self.shutdown()
                 raise
-        storage = self._handshake.storages[w]
-        self._count_batches([w], storage.shape[-1])
-        if self.return_same_td:
+        if self._handshake.stacked:  # the batch comes by pipe, a new one each time (see stacked.py)
+            batch = self._pool.reply(w)
+        elif self.return_same_td:
+            storage = self._handshake.storages[w]
             if w not in self._same:
                 self._same[w] = storage.clone()
             else:
                 self._same[w].update_(storage.select(*self._same[w].keys(True, True), strict=False))
             batch = self._same[w]
         else:
-            batch = self._recycler.clone(storage)
+            batch = self._recycler.clone(self._handshake.storages[w])
+        self._count_batches([w], batch.shape[-1])
         self._acted_versions = self._versions_tensor.clone()  # (before the worker records its next batch's)
         self._start([w])  # it collects its next batch while the caller uses this one
         self._last_worker = w
@@ -85,7 +87,9 @@ class MultiAsyncCollector(ProcessCollector):
         """Let the batches still being collected finish (their frames are dropped), so the workers take calls."""
         if self._in_flight:
             try:
-                self._pool.wait_any(len(self._in_flight), self._in_flight, COLLECT)
+                for w in self._pool.wait_any(len(self._in_flight), self._in_flight, COLLECT):
+                    if self._handshake.stacked:
+                        self._pool.reply(w)  # (dropped)
             finally:
                 self._in_flight = []
 

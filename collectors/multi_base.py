@@ -48,6 +48,7 @@ class StorageHandshake:
         self.steps: dict[int, int] = {}
         self.specs = None
         self.storages: dict[int, TensorDictBase] = {}
+        self.stacked = False  # the workers' batches come by pipe (see ready)
 
     def setup(self, infos: dict[int, tuple]) -> dict[int, int]:
         self.specs = agreed_specs(self.specs, {w: specs for w, (_, specs, _) in infos.items()},
@@ -76,9 +77,12 @@ class StorageHandshake:
                                  "every time.")
         return {w: self.steps[w] for w in infos}
 
-    def ready(self, replies: dict[int, TensorDictBase]) -> None:
-        self.storages.update(replies)
-        check_same_entries(self.storages, self.owner, "worker")
+    def ready(self, replies: dict[int, TensorDictBase | None]) -> None:
+        """``replies``: each worker's storage, or None when its batches come stacked, by pipe (``stacked.py``)."""
+        self.stacked = any(storage is None for storage in replies.values())
+        self.storages.update({w: storage for w, storage in replies.items() if storage is not None})
+        if self.storages:
+            check_same_entries(self.storages, self.owner, "worker")
 
 
 class ProcessCollector(WorkerCalls, CollectorBase):
@@ -153,6 +157,11 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                 raise TypeError(f"{owner}: {err.exc_message}") from err
             raise
         self.envs_per_worker = self._handshake.envs_per_worker
+        if self._handshake.stacked and self.interruptor is not None:
+            self.shutdown()
+            raise ValueError(f"{owner}: preemptive_threshold stops workers inside their batch storage in shared "
+                             "memory, and this env's batches are stacked step by step instead (dynamic or non-tensor "
+                             "entries, see tdcollect/collectors/stacked.py): leave preemptive_threshold unset.")
         self._worker_frames, self._worker_batches = [0] * num_workers, [0] * num_workers
         self._acted_versions: torch.Tensor | None = None  # the workers' versions when the last batch was taken
 

@@ -13,6 +13,7 @@ from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
 
 from .multi_base import ProcessCollector
 from .preemption import steps_taken_mask
+from .stacked import reshape_leading
 from .stats import MASK_KEY
 
 
@@ -67,23 +68,28 @@ class MultiSyncCollector(ProcessCollector):
         the collector shuts down before the error propagates."""
         code = COLLECT_RANDOM if random else COLLECT
         workers = list(range(self.num_workers))
+        stacked = self._handshake.stacked  # the workers answer with their batches (see stacked.py)
         while workers:
             try:
                 if self.interruptor is None:
-                    self._pool.run(code, workers)
+                    parts = self._pool.run(code, workers, replies=stacked)
                 else:
                     self._run_preemptible(code, workers)
                 workers = []
             except WorkerError as err:
-                workers = self._recover(err)
+                replaced = self._recover(err)  # (stacked: the others' answers were dropped, so all collect again)
+                workers = list(range(self.num_workers)) if stacked else replaced
             except KeyboardInterrupt:
                 self.shutdown()
                 raise
-        parts = [self._handshake.storages[w] for w in range(self.num_workers)]
+        if not stacked:
+            parts = [self._handshake.storages[w] for w in range(self.num_workers)]
         self._count_batches(list(range(self.num_workers)), parts[0].shape[-1])
         if self.interruptor is not None:
             per_env = torch.repeat_interleave(self._steps_taken, torch.tensor(self.envs_per_worker))
             self._taken = steps_taken_mask(per_env, parts[0].shape[-1])
+        if stacked:
+            return torch.cat(parts, 0)
         if not self.return_same_td:
             return self._recycler.cat(parts, 0)
         if self._same is None:
@@ -124,7 +130,7 @@ class MultiSyncCollector(ProcessCollector):
         if all(self._handshake.unbatched):
             per_worker = batch  # [n_workers, T]: worker w's batch is [T]
         elif len(set(envs)) == 1:
-            per_worker = batch.view(n, envs[0], steps)
+            per_worker = reshape_leading(batch, 1, (n, envs[0]))
         elif self.cat_results == 0:
             return batch
         else:

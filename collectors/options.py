@@ -29,9 +29,9 @@ REFUSED: dict[str, tuple[Any, str]] = {
 }
 #: accepted with any value: they change nothing on the CPU, where tdcollect's collectors run the envs
 NO_EFFECT_ON_CPU = ("no_cuda_sync",)
-#: accepted with any value: the batches are the same either way. tdcollect's collectors always collect into buffers
-#: allocated once (in shared memory); TorchRL's use_buffers=False stacks each step's TensorDict instead, which gives
-#: the same batches for envs with fixed specs (envs whose specs change shape are refused with a clear error)
+#: accepted with any value: the batches are the same either way. tdcollect's collectors collect into buffers
+#: allocated once (in shared memory) where the env's entries allow, and stack each step's TensorDict, as TorchRL's
+#: use_buffers=False, where they do not (dynamic shapes, non-tensor entries: ``stacked.py``)
 SAME_BATCHES = ("use_buffers",)
 
 

@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
+from torchrl.data import StackedComposite
 
 
 class ActionSampler:
@@ -24,8 +25,12 @@ class ActionSampler:
     def __init__(self, full_action_spec):
         self.spec = full_action_spec
         self.leaves = [(key, full_action_spec[key]) for key in full_action_spec.keys(True, True)]
+        if any(isinstance(spec, StackedComposite) for spec in full_action_spec.values(True)):
+            self.leaves = None  # heterogeneous entries (one shape per agent): drawn as a whole, a TensorDict
 
-    def sample(self) -> dict:
+    def sample(self) -> dict | TensorDictBase:
+        if self.leaves is None:
+            return self.spec.rand()
         return {key: leaf.rand() for key, leaf in self.leaves}
 
 

@@ -16,6 +16,7 @@ from .policies import make_policy, one_policy, policy_module
 from .policy_transforms import with_policy_transforms
 from .preemption import steps_taken_mask
 from .remote_calls import LocalCalls
+from .stacked import reshape_leading
 from .stats import TRAJ_KEY
 from .weights import policy_weights_of, requested_weights
 
@@ -103,8 +104,9 @@ class Collector(LocalCalls, CollectorBase):
         try:
             self.env = with_policy_transforms(self.env, policy, auto_register_policy_transforms, "Collector")
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
+            wrapped = self._unbatched and bool(self.env.batch_size)  # (with batch [1]: see make_batched_env)
             self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device,
-                                               self.env.full_observation_spec, self._unbatched), compile_policy)
+                                               self.env.full_observation_spec, wrapped), compile_policy)
             self._module = policy_module(policy) if policy is not None else None
             self._loop = BatchLoop(self.env, self.policy, steps, interruptor=interruptor, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))
@@ -116,6 +118,8 @@ class Collector(LocalCalls, CollectorBase):
         batch = self._loop.collect(random)
         if self._loop.steps_taken < self._loop.steps:  # stopped by the interruptor (see preemption.py)
             self._taken = steps_taken_mask(torch.full((batch.shape[0],), self._loop.steps_taken), batch.shape[1])
+        if self._loop.stacked:  # a new stack of new TensorDicts each batch
+            return batch
         return batch if self.return_same_td else self._recycler.clone(batch)
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
@@ -125,7 +129,7 @@ class Collector(LocalCalls, CollectorBase):
             return batch[0]
         if len(self.env.batch_size) == 1:
             return batch
-        return batch.reshape(*self.env.batch_size, batch.shape[-1])  # [*env batch, T], as TorchRL
+        return reshape_leading(batch, 1, tuple(self.env.batch_size))  # [*env batch, T], as TorchRL
 
     def fake_tensordict(self) -> TensorDictBase:
         """A zero-filled TensorDict shaped like one batch (TorchRL's method): the keys, dtypes, batch size and dim

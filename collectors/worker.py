@@ -2,7 +2,8 @@
 filling its storage in shared memory. Its messages and commands are part of the worker protocol
 (``tdcollect/envs/protocol.py``): hello ``(n_envs, EnvSpecs of one env, unbatched)``, setup ``T``, ready its storage
 ``[n_envs, T]``; ``COLLECT`` / ``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches
-the loop."""
+the loop. An env whose batches are stacked step by step (``stacked.py``) has no storage (ready: ``None``): each
+``COLLECT`` answers with its batch, by pipe."""
 from __future__ import annotations
 
 import cloudpickle
@@ -38,7 +39,11 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             env.close()
         channel.fail_start(exc)
     try:
-        steps = channel.hello((env.batch_size.numel(), worker_specs(env), unbatched))
+        try:
+            hello = (env.batch_size.numel(), worker_specs(env), unbatched)
+        except BaseException as exc:  # noqa: BLE001 - reported to the main process (the env closes below)
+            channel.fail_start(exc, "start-up")
+        steps = channel.hello(hello)
         if steps is None:
             return
         try:
@@ -56,11 +61,12 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             elif weights is not None:
                 seen = int(weights.version)
             versions[channel.index] = seen
-            loop.collect(random)
+            batch = loop.collect(random)
             if config["steps_taken"] is not None:  # preemption: how far this worker got
                 config["steps_taken"][channel.index] = loop.steps_taken
+            return batch if loop.stacked else None  # a stacked batch goes by pipe (see stacked.py)
 
-        if channel.ready(loop.storage):
+        if channel.ready(None if loop.stacked else loop.storage):
             channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)}, loop)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away

@@ -323,6 +323,10 @@ class WorkerPool:
         first.failures = failures
         raise first
 
+    def reply(self, w: int):
+        """The data worker ``w`` answered a command with (one it finished, found by :meth:`wait_any`)."""
+        return self.conns[w].recv()[1]
+
     def call(self, method: str, args_per_worker: list[tuple], workers=None) -> list:
         """Run ``method(*args)`` on the call target of each worker in ``workers`` (default: all; ``args_per_worker``
         in the same order); return the results in that order."""

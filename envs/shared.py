@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
-from torchrl.data import Composite, NonTensor
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Composite, NonTensor, StackedComposite
 
 from .errors import ArgumentError, SharedMemoryError
 
@@ -94,27 +94,33 @@ def non_tensor_keys(spec: Composite) -> list:
     return [key for key in spec.keys(True, True) if isinstance(spec[key], NonTensor)]
 
 
-def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict:
-    """Zero-filled buffers of batch ``[num_envs, *specs.batch_shape]`` for every tensor entry (non-tensor entries
-    are left out); in shared memory when ``shared``."""
-    spec = specs.buffer_spec()
+def unbufferable(spec: Composite) -> str | None:
+    """Why entries of ``spec`` (a buffer spec, see :meth:`EnvSpecs.buffer_spec`) cannot have buffers allocated once
+    (a message that says how to fix it), or None when they can."""
     dynamic = [f"{key} {tuple(spec[key].shape)}" for key in spec.keys(True, True) if -1 in spec[key].shape]
     if dynamic:
         more = f" and {len(dynamic) - 4} more" if len(dynamic) > 4 else ""
-        raise ArgumentError(
-            f"the envs' specs are dynamic (a dimension of -1, from shapes that change or from heterogeneous entries "
-            f"stacked lazily: {', '.join(dynamic[:4])}{more}): the buffers, allocated once, need fixed shapes. Pad "
-            "the entries to a fixed size in the env (or a transform), or use "
-            "torchrl.envs.ParallelEnv(..., use_buffers=False) for these envs."
-        )
+        return (f"the envs' specs are dynamic (a dimension of -1, from shapes that change or from heterogeneous "
+                f"entries stacked lazily: {', '.join(dynamic[:4])}{more}): the buffers, allocated once, need fixed "
+                "shapes. Pad the entries to a fixed size in the env (or a transform), or use "
+                "torchrl.envs.ParallelEnv(..., use_buffers=False) for these envs.")
+    stacked = [key for key in spec.keys(True) if isinstance(spec[key], StackedComposite)]
+    if isinstance(spec, StackedComposite) or stacked:
+        return (f"the envs' specs are heterogeneous (entries of different shapes stacked lazily, e.g. one per agent: "
+                f"{stacked or 'at the top'}): the buffers need one shape per entry. Give every agent group its own "
+                "key with one shape, or use torchrl.envs.ParallelEnv for these envs.")
+    return None
+
+
+def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict:
+    """Zero-filled buffers of batch ``[num_envs, *specs.batch_shape]`` for every tensor entry (non-tensor entries
+    are left out); in shared memory when ``shared``. An :class:`~tdcollect.envs.errors.ArgumentError` when
+    :func:`unbufferable`."""
+    spec = specs.buffer_spec()
+    problem = unbufferable(spec)
+    if problem is not None:
+        raise ArgumentError(problem)
     buffers = spec.expand(num_envs, *specs.batch_shape).zero().exclude(*non_tensor_keys(spec))
-    stacked = [key for key, value in buffers.items(True) if isinstance(value, LazyStackedTensorDict)]
-    if isinstance(buffers, LazyStackedTensorDict) or stacked:
-        raise ArgumentError(
-            f"the envs' specs are heterogeneous (entries of different shapes stacked lazily, e.g. one per agent: "
-            f"{stacked or 'at the top'}): the buffers need one shape per entry. Give every agent group its own key "
-            "with one shape, or use torchrl.envs.ParallelEnv for these envs."
-        )
     return in_shared_memory(buffers, "the step buffers") if shared else buffers
 
 

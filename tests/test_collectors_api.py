@@ -370,6 +370,12 @@ def test_remote_helpers_init_fn_and_profiling(tmp_path, no_leaks):
         assert c.map_fn("get_distant_attr", [("frames_per_batch",)] * 2) == [10, 10]  # a worker's own batch
         with pytest.raises(ValueError, match="Expected 2 argument entries"):
             c.map_fn("get_distant_attr", [("worker_idx",)])
+        # TorchRL's attribute paths, resolved in each worker: dots, subscripts, values as well as callables
+        assert c.get_distant_attr("env.batch_size") == [torch.Size([1])] * 2
+        assert c.map_fn("env.batch_size.numel") == [1, 1]
+        assert c.map_fn("storage.batch_size[1]") == [10, 10]
+        with pytest.raises(ValueError, match="not a Python literal"):
+            c.get_distant_attr("storage.batch_size[x]")
         c.enable_profile(workers=[1], num_rollouts=2, warmup_rollouts=1, save_path=str(tmp_path / "w{worker_idx}.json"))
         list(c)
         with pytest.raises(RuntimeError, match="after iteration has started"):
@@ -378,6 +384,9 @@ def test_remote_helpers_init_fn_and_profiling(tmp_path, no_leaks):
     assert "TDCOLLECT_TEST_INIT_FN" not in os.environ, "init_fn ran in the workers, not here"
     with Collector(COUNTING, None, frames_per_batch=10, total_frames=30) as c:
         assert c.map_fn("get_distant_attr", [("frames_per_batch",), ("total_frames",)]) == [10, 30]
+        assert c.get_distant_attr("env.batch_size[0]") == 1
+        with pytest.raises(ValueError, match="not callable"):
+            c.map_fn("total_frames", [(1,)])
         c.enable_profile(num_rollouts=2, warmup_rollouts=0, save_path=str(tmp_path / "main{worker_idx}.json"))
         list(c)
     assert (tmp_path / "main0.json").exists()
@@ -392,6 +401,9 @@ def test_pause_parks_a_started_collection_so_the_workers_take_calls(no_leaks):
             with collector.pause():
                 held = len(buffer)
                 assert collector.get_distant_attr("worker_idx") == [0, 1], "no batch in flight: the workers answer"
+                # the workers' replay buffer is the collector's (written by this process): answered here, per worker
+                assert collector.map_fn("replay_buffer.__len__") == [len(buffer)] * 2
+                assert collector.get_distant_attr("replay_buffer.write_count") == [buffer.write_count] * 2
                 time.sleep(0.2)
                 assert len(buffer) == held, "nothing is written while paused"
     finally:

@@ -264,15 +264,11 @@ def test_large_non_tensor_entries_do_not_deadlock(no_leaks):
 
 
 def test_non_tensor_entries_refused_where_they_would_be_lost(no_leaks):
-    from tdcollect.collectors import MultiSyncCollector
     from tdcollect.envs import AsyncParallelEnv
 
     with pytest.raises(ArgumentError, match="non-tensor keys"):
         AsyncParallelEnv(2, TextEnv, batch_workers=1)
-    with pytest.raises(Exception, match="non-tensor entries"):
-        collector = MultiSyncCollector([TextEnv], frames_per_batch=4, total_frames=8)
-        next(iter(collector))
-    assert not live_children()
+    assert not live_children()  # (the collectors keep them: tests/test_collectors_stacked.py)
 
 
 # ----------------------------------------------------------------- indexing
