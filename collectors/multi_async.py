@@ -41,6 +41,7 @@ class MultiAsyncCollector(ProcessCollector):
 
     def _start(self, workers: list[int]) -> None:
         code = COLLECT_RANDOM if self.frames < self.init_random_frames else COLLECT
+        self._unread[workers] = 1  # until each worker has recorded the version it acts with
         self._pool.start(code, workers)
         self._in_flight.extend(workers)
 
@@ -51,7 +52,7 @@ class MultiAsyncCollector(ProcessCollector):
             self._start(list(range(self.num_workers)))
         while True:
             try:
-                w = self._pool.wait_any(1, self._in_flight, COLLECT)[0]
+                w = self._pool.wait_any(1, self._stale_first(), COLLECT)[0]
                 self._in_flight.remove(w)
                 break
             except WorkerError as err:
@@ -79,6 +80,14 @@ class MultiAsyncCollector(ProcessCollector):
         self._last_worker = w
         self._batch_rows = self._rows(w)
         return batch
+
+    def _stale_first(self) -> list[int]:
+        """The workers to take the next batch from: those whose batch in flight holds weights older than the
+        current version, when there are (TorchRL's order: its weight update waits for the batches in flight, which
+        therefore come first), else all in flight. So no batch comes after one collected with newer weights."""
+        current = self.policy_version  # (a worker that has not read its version yet will read this one)
+        stale = [w for w in self._in_flight if not self._unread[w] and self._versions_tensor[w] < current]
+        return stale or self._in_flight
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
         return batch[0] if self._handshake.unbatched[self._last_worker] else batch

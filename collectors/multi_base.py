@@ -134,13 +134,15 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                              "batch together); each worker of this one delivers its own batch.")
         # TorchRL's: no interruptor at 1.0, where preemption could never happen
         self.interruptor = StopFlag() if self.preemptive_threshold < 1.0 else None
+        #: 1 from the moment a batch is started here until its worker has recorded its version in ``versions``
+        self._unread = in_shared_memory(torch.zeros(num_workers, dtype=torch.int64), "the version marks")
         self._steps_taken = (in_shared_memory(torch.zeros(num_workers, dtype=torch.int64), "the steps taken")
                              if self.interruptor is not None else None)
         config = {"policy_device": policy_device or device, "compile_policy": compile_policy,
                   "register_transforms": auto_register_policy_transforms,
                   "hooks": packed_hooks(options),
                   "init_fn": cloudpickle.dumps(init_fn) if init_fn is not None else None,
-                  "owner": owner, "steps_taken": self._steps_taken,
+                  "owner": owner, "steps_taken": self._steps_taken, "unread": self._unread,
                   "loop": {**loop_options(reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions,
                                           check_values), "interruptor": self.interruptor}}
         self._handshake = StorageHandshake(frames_per_batch, owner, self.per_worker_batches, shares)

@@ -61,6 +61,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             elif weights is not None:
                 seen = int(weights.version)
             versions[channel.index] = seen
+            config["unread"][channel.index] = 0
             batch = loop.collect(random)
             if config["steps_taken"] is not None:  # preemption: how far this worker got
                 config["steps_taken"][channel.index] = loop.steps_taken

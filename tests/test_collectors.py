@@ -177,6 +177,24 @@ def test_weight_updates_reach_every_worker(no_leaks):
         assert policy.bias.tolist() == [0.0, 1.0, 0.0], "the given weights are the trainer's module's too"
 
 
+def test_async_batches_never_follow_one_with_newer_weights(no_leaks):
+    """A batch in flight when the weights change comes before any batch collected with the new ones (TorchRL's
+    order), even when the worker holding it is the slow one."""
+    from tdcollect.collectors import MultiAsyncCollector
+    from tests.helpers import SlowEnv
+
+    fast, slow = functools.partial(CountingEnv, episode_len=50), functools.partial(SlowEnv, delay=0.01)
+    with MultiAsyncCollector([fast, slow], ConstantAction(3), frames_per_batch=10, total_frames=-1,
+                             track_policy_version=True) as collector:
+        it = iter(collector)
+        for _ in range(3):
+            next(it)
+        collector.update_policy_weights_()
+        # the slow worker's batch in flight takes ~0.1 s, the fast one's a few ms: many of them are ready first
+        versions = [int(next(it)["next", "policy_version"].max()) for _ in range(60)]
+    assert versions == sorted(versions) and versions[-1] == 1, versions
+
+
 def test_same_seed_same_batches(no_leaks):
     runs = []
     for _ in range(2):
