@@ -247,3 +247,24 @@ def test_step_outputs_the_caller_holds_are_never_overwritten():
         assert len(frames) == len(held) and env.recycler.kept_bytes > 0
     finally:
         env.close()
+
+
+def test_big_fresh_buffers_are_mapped_and_prefaulted_without_changing_a_byte():
+    import mmap
+    import threading
+
+    from tdcollect.envs.recycle import MAPPED_BYTES, _fresh
+
+    def mapped(array) -> bool:
+        return isinstance(array.base, memoryview) and isinstance(array.base.obj, mmap.mmap)
+
+    assert not mapped(_fresh(MAPPED_BYTES - 1))
+    big = _fresh(16 << 20)
+    assert mapped(big) and big.flags.writeable
+    # written while the background thread faults the pages in: every byte written stays
+    pattern = np.arange(big.nbytes // 8, dtype=np.int64)
+    big.view(np.int64)[:] = pattern
+    for thread in threading.enumerate():
+        if thread.name == "tdcollect-prefault":
+            thread.join(10)
+    assert (big.view(np.int64) == pattern).all()
