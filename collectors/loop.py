@@ -24,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from tdcollect.envs.actions import in_spec_shape
 from tdcollect.envs.batched import BatchedEnv
 from tdcollect.envs.recorder import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
@@ -77,6 +78,9 @@ class BatchLoop:
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)  # steps of each env's running trajectory
         self.lean = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
+        #: (key, batched shape) of each action whose spec has one shape (heterogeneous ones are left as they are)
+        self._action_shapes = [(key, tuple(spec.shape)) for key, spec in env.full_action_spec.items(True, True)
+                               if -1 not in spec.shape]
         self.pre_hook = self.post_hook = None  # see set_hooks
         self.profiler = None  # see enable_profile
         self.counter_keys: set = set()  # entries the loop writes itself (max_frames_per_traj's step counts)
@@ -275,6 +279,10 @@ class BatchLoop:
         else:  # a policy may return a new TensorDict (its outputs only), as TorchRL's collectors allow
             out = self.policy(self.root)
             td = out if out is self.root else self.root.update(out)
+            for key, shape in self._action_shapes:
+                action = td.get(key, None)
+                if action is not None:
+                    td.set(key, in_spec_shape(action, shape))
         td, self.root = self.env.step_and_maybe_reset(td)
         self.views[t].update_(td.select(*self.storage_keys, strict=False))
         if self.max_frames_per_traj:

@@ -16,6 +16,8 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
     ``value_checks[key]``; ``check="finite"`` checks floating-point actions for NaN and infinities only (not the
     bounds of a continuous spec, which TorchRL's collectors do not enforce), integer ones against their spec.
 
+    An entry whose shape lacks only the spec's last dim, of size one (categorical actions ``[n]`` for a ``[n, 1]``
+    spec, which TorchRL's envs take), is given it; any other shape than the expected one is refused.
     Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected.
     """
     values = []
@@ -27,6 +29,7 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
                 f"the input tensordict has no {key!r} entry; {owner} expects one of "
                 f"shape {expected} and dtype {buffer.dtype}."
             )
+        value = in_spec_shape(value, expected)
         if tuple(value.shape) != expected:
             raise ValueError(
                 f"{key!r} has shape {tuple(value.shape)}, but {owner} expects shape {expected} ({n} envs x "
@@ -46,6 +49,15 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
             )
         values.append(value)
     return values
+
+
+def in_spec_shape(value: torch.Tensor, expected: tuple) -> torch.Tensor:
+    """``value`` with the last dim of ``expected`` added when that dim is one and ``value`` lacks only it (a view:
+    the same values, none repeated; categorical actions ``[n]`` for a ``[n, 1]`` spec, which TorchRL's envs take),
+    else ``value`` as it is."""
+    if expected and expected[-1] == 1 and tuple(value.shape) == tuple(expected[:-1]):
+        return value.unsqueeze(-1)
+    return value
 
 
 def cast_action(key, value: torch.Tensor, dtype: torch.dtype, check: bool) -> torch.Tensor:

@@ -150,3 +150,20 @@ def test_garbage_collected_env_stops_its_workers(no_leaks):
     time.sleep(0.1)
     assert not [pid for pid in pids
                 if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+
+
+@pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
+def test_an_action_lacking_only_a_last_dim_of_one_is_given_it(cls, no_leaks):
+    """TorchRL's envs take categorical actions ``[n]`` for a ``[n, 1]`` spec: so do ours (a view, no value repeated);
+    any other shape is still refused."""
+    from torchrl.testing.mocking_classes import CountingEnv as OneDimActionEnv
+
+    with cls(2, OneDimActionEnv) as env:
+        assert env.action_spec.shape == (2, 1)
+        td = env.reset()
+        td["action"] = torch.tensor([1, 0])
+        out = env.step(td)
+        assert out["next", "observation"].squeeze(-1).tolist() == [1, 0]
+        td = out["next"].set("action", torch.ones(2, 1, 1, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"'action' has shape \(2, 1, 1\)"):
+            env.step(td)
