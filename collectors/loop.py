@@ -273,28 +273,26 @@ class BatchLoop:
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
 
-    def _generic_step(self, t: int, random: bool) -> None:
+    def _acted(self, random: bool) -> TensorDictBase:
+        """The root with this step's actions (a TorchRL env's step, outside the lean path)."""
         if random:
-            td = self.root.update(self.random_actions.sample())
-        else:  # a policy may return a new TensorDict (its outputs only), as TorchRL's collectors allow
-            out = self.policy(self.root)
-            td = out if out is self.root else self.root.update(out)
-            for key, shape in self._action_shapes:
-                action = td.get(key, None)
-                if action is not None:
-                    td.set(key, in_spec_shape(action, shape))
-        td, self.root = self.env.step_and_maybe_reset(td)
+            return self.root.update(self.random_actions.sample())
+        out = self.policy(self.root)  # a policy may return a new TensorDict (its outputs only), as TorchRL allows
+        td = out if out is self.root else self.root.update(out)
+        for key, shape in self._action_shapes:
+            action = td.get(key, None)
+            if action is not None:
+                td.set(key, in_spec_shape(action, shape))
+        return td
+
+    def _generic_step(self, t: int, random: bool) -> None:
+        td, self.root = self.env.step_and_maybe_reset(self._acted(random))
         self.views[t].update_(td.select(*self.storage_keys, strict=False))
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
 
     def _stacked_step(self, t: int, random: bool) -> None:
-        if random:
-            td = self.root.update(self.random_actions.sample())
-        else:
-            out = self.policy(self.root)
-            td = out if out is self.root else self.root.update(out)
-        td, self.root = self.env.step_and_maybe_reset(td)
+        td, self.root = self.env.step_and_maybe_reset(self._acted(random))
         td = td.clone()  # (the env may reuse its tensors)
         self._steps.append(td.unsqueeze(0) if not self.env.batch_size else td)
 
