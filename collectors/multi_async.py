@@ -34,6 +34,7 @@ class MultiAsyncCollector(ProcessCollector):
             raise ValueError(f"{self.owner} yields one worker's batch at a time: cat_results={cat_results!r} applies "
                              "to MultiSyncCollector only (leave it unset or 'stack').")
         self._in_flight: list[int] = []
+        self._held: list[int] = []  # finished workers whose batches wait for older ones (see _next_finished)
         self._same: dict[int, TensorDictBase] = {}
         self._last_worker = 0
         super().__init__(create_env_fn, policy, frames_per_batch, total_frames, num_workers=num_workers, **kwargs)
@@ -48,12 +49,11 @@ class MultiAsyncCollector(ProcessCollector):
     def _collect(self, random: bool) -> TensorDictBase:
         """The next batch to finish. A failed worker is replaced while ``max_restarts`` allows and starts
         again (its envs with new episodes); otherwise — and on Ctrl-C — the collector shuts down first."""
-        if not self._in_flight:  # the first batch, or after set_seed / reset let the running ones finish
+        if not self._in_flight and not self._held:  # the first batch, or after set_seed / reset (see _settle)
             self._start(list(range(self.num_workers)))
         while True:
             try:
-                w = self._pool.wait_any(1, self._stale_first(), COLLECT)[0]
-                self._in_flight.remove(w)
+                w = self._next_finished()
                 break
             except WorkerError as err:
                 for done in [*getattr(err, "finished", []), *getattr(err, "failures", {})]:
@@ -81,29 +81,37 @@ class MultiAsyncCollector(ProcessCollector):
         self._batch_rows = self._rows(w)
         return batch
 
-    def _stale_first(self) -> list[int]:
-        """The workers to take the next batch from: those whose batch in flight holds weights older than the
-        current version, when there are (TorchRL's order: its weight update waits for the batches in flight, which
-        therefore come first), else all in flight. So no batch comes after one collected with newer weights."""
-        current = self.policy_version  # (a worker that has not read its version yet will read this one)
-        stale = [w for w in self._in_flight if not self._unread[w] and self._versions_tensor[w] < current]
-        return stale or self._in_flight
+    def _next_finished(self) -> int:
+        """The worker whose batch to yield next: the first to finish, but a batch in flight when the weights changed
+        comes before any collected with newer ones (TorchRL's order: its weight update waits for the batches in
+        flight). A newer batch that finishes first is held (``_held``) until the older ones are yielded."""
+        while True:
+            current = self.policy_version  # (a worker that has not read its version yet will read this one)
+            stale = [w for w in self._in_flight if not self._unread[w] and self._versions_tensor[w] < current]
+            if self._held and not stale:
+                return self._held.pop(0)
+            w = self._pool.wait_any(1, self._in_flight, COLLECT)[0]
+            self._in_flight.remove(w)
+            if not stale or w in stale:
+                return w
+            self._held.append(w)
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
         return batch[0] if self._handshake.unbatched[self._last_worker] else batch
 
     def _settle(self) -> None:
         """Let the batches still being collected finish (their frames are dropped), so the workers take calls."""
-        if self._in_flight:
-            try:
-                for w in self._pool.wait_any(len(self._in_flight), self._in_flight, COLLECT):
-                    if self._handshake.stacked:
-                        self._pool.reply(w)  # (dropped)
-            finally:
-                self._in_flight = []
+        held, self._held = self._held, []
+        try:
+            finished = self._pool.wait_any(len(self._in_flight), self._in_flight, COLLECT) if self._in_flight else []
+        finally:
+            self._in_flight = []
+        if self._handshake.stacked:
+            for w in [*held, *finished]:
+                self._pool.reply(w)  # (dropped)
 
     def _shutdown(self) -> None:
-        self._in_flight, self._same = [], {}
+        self._in_flight, self._held, self._same = [], [], {}
         super()._shutdown()
 
 

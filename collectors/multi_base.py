@@ -364,6 +364,9 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             handshake.storages.clear()
         if "_versions_tensor" in self.__dict__:  # a private copy: weight_versions still answers
             self._versions_tensor = self._versions_tensor.clone()
+        for name in ("_unread", "_steps_taken"):  # private copies too: their shared segments go now
+            if self.__dict__.get(name) is not None:
+                setattr(self, name, self.__dict__[name].clone())
         self._weights = None
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 
