@@ -47,7 +47,7 @@ from .protocol import (
     poll,
     worker_error,
 )
-from .shared import in_shared_memory, semaphore
+from .shared import in_shared_memory, remove_orphan_segments, semaphore
 
 _PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
 
@@ -221,7 +221,7 @@ class WorkerPool:
         old, conn = self.procs[w], self.conns[w]
         if old.exitcode is None:
             old.kill()
-        old.join(5.0)
+        _reap(old, 5.0)
         old.close()
         conn.close()
         self._status[w] = OK
@@ -379,7 +379,7 @@ class WorkerPool:
             return self._death(w, during)
         if time.monotonic() > deadline:
             self.procs[w].kill()
-            self.procs[w].join(5.0)
+            _reap(self.procs[w], 5.0)
             return WorkerTimeoutError(w, self.timeout, during)
         return None
 
@@ -387,7 +387,7 @@ class WorkerPool:
         """The error for worker ``w``, found dead (or whose pipe broke: it is given a second to exit, so that
         its exit code is known)."""
         proc = self.procs[w]
-        proc.join(1.0)
+        _reap(proc, 1.0)
         if proc.exitcode == MISSING_GUARD_EXIT:
             return MissingMainGuardError(GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
         return WorkerDiedError(w, proc.pid, proc.exitcode, during)
@@ -417,7 +417,7 @@ class WorkerPool:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
                 proc.kill()
-                proc.join(5.0)
+            _reap(proc, 5.0)
             proc.close()
         self._wake = [None] * len(self._wake)
         self._done = [None] * len(self._done)
@@ -425,3 +425,10 @@ class WorkerPool:
         # private copies: the shared segments are freed now, and a call racing this one still finds arrays
         self._command, self._status = self._command.copy(), self._status.copy()
         self._command_tensor = self._status_tensor = self._args = None  # the workers' arguments hold segments too
+
+
+def _reap(proc, timeout: float) -> None:
+    """Join ``proc``; if it died other than by a clean exit, unlink what shared segments it left half made."""
+    proc.join(timeout)
+    if proc.exitcode not in (None, 0):
+        remove_orphan_segments(proc.pid)

@@ -178,6 +178,24 @@ def semaphore(context):
         raise
 
 
+def remove_orphan_segments(pid: int | None) -> None:
+    """Unlink the ``/dev/shm`` files a dead process ``pid`` left half made. Torch makes each shared segment as a
+    file named ``torch_<pid>_...``, reserves its pages, then unlinks it: a worker killed in between (a kill
+    while it shares a tensor) leaves the file for good. Only under torch's default ``file_descriptor``
+    strategy, where no such file is meant to outlive its maker's next instruction."""
+    if pid is None or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    try:
+        names = [name for name in os.listdir("/dev/shm") if name.startswith(f"torch_{pid}_")]
+    except OSError:  # no /dev/shm here
+        return
+    for name in names:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+
+
 def reserve_segment(name: str, size: int, what: str) -> None:
     """Reserve every page of the POSIX shared-memory segment ``name`` (made by ``multiprocessing.shared_memory``,
     which maps it lazily: its first write to a page /dev/shm cannot hold would kill the process with SIGBUS);

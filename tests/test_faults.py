@@ -103,6 +103,24 @@ def test_worker_killed_from_outside(no_leaks):
     assert env.is_closed and env.worker_pids == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_a_killed_worker_leaves_no_half_made_segment(no_leaks):
+    """A worker killed while torch shares a tensor leaves its ``/dev/shm/torch_<pid>_...`` file, which no one
+    else would ever unlink: the main process removes it when it finds the worker dead."""
+    env = ParallelEnv(2, cartpole)
+    pid = env.worker_pids[1]
+    os.kill(pid, signal.SIGKILL)
+    orphan = f"/dev/shm/torch_{pid}_123_4"
+    open(orphan, "wb").close()  # what the kill left, as torch names it
+    try:
+        with pytest.raises(WorkerDiedError, match="worker 1"):
+            env.rollout(5)
+        assert not os.path.exists(orphan)
+    finally:
+        if os.path.exists(orphan):
+            os.unlink(orphan)
+
+
 @pytest.mark.parametrize("spin_s", [0.0, 0.002])
 def test_stuck_step_times_out(spin_s, no_leaks):
     start = time.monotonic()
