@@ -281,8 +281,8 @@ class BatchLoop:
         td = out if out is self.root else self.root.update(out)
         for key, shape in self._action_shapes:
             action = td.get(key, None)
-            if action is not None:
-                td.set(key, in_spec_shape(action, shape))
+            if action is not None and (shaped := in_spec_shape(action, shape)) is not action:
+                td.set(key, shaped)  # (only when it changed: this runs every step)
         return td
 
     def _generic_step(self, t: int, random: bool) -> None:
