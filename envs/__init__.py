@@ -1,6 +1,7 @@
 """Batched TorchRL envs: ``SerialEnv`` (one process), ``ParallelEnv`` (worker processes, shared memory) and
 ``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping)."""
 from .async_parallel import AsyncParallelEnv
+from .autotune import Tuning, autotune
 from .errors import (
     ArgumentError,
     ConstructorError,
@@ -20,6 +21,8 @@ __all__ = [
     "ParallelEnv",
     "AsyncParallelEnv",
     "SerialEnv",
+    "autotune",
+    "Tuning",
     "default_start_method",
     "WorkerError",
     "EnvWorkerError",

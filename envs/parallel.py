@@ -9,7 +9,7 @@ import torch
 from .batched import BatchedEnv
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .platform_policy import exit_if_bootstrapping, fits_cores, resolve_start_method
+from .platform_policy import exit_if_bootstrapping, fits_cores, resolve_spin_s, resolve_start_method
 from .pool import WorkerPool
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
 from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
@@ -171,6 +171,17 @@ class ParallelEnv(BatchedEnv):
             before = torch.get_num_threads()
             torch.set_num_threads(self.num_threads or max(1, before - self.num_workers))
             self._threads_taken = before - torch.get_num_threads()
+
+    @property
+    def spin_s(self) -> float:
+        """Seconds this process and the workers poll for each other before blocking (``spin_s`` at construction,
+        resolved); settable at any time, e.g. to compare waits on one running env (``autotune`` does)."""
+        return self._pool.spin_s
+
+    @spin_s.setter
+    def spin_s(self, seconds: float) -> None:
+        self._pool_options["spin_s"] = resolve_spin_s(seconds, self.num_workers)  # a restart keeps it
+        self._pool.spin_s = seconds
 
     def _start_again(self):
         self._start_pool()

@@ -111,7 +111,7 @@ class WorkerPool:
         self.owner = owner
         self.daemon = bool(daemon)
         self.shutdown_timeout = float(shutdown_timeout)
-        self.spin_s = resolve_spin_s(spin_s, len(args))
+        spin_s = resolve_spin_s(spin_s, len(args))
         self.start_method = start_method
         self.timeout = float(timeout)
         self._poll_s = min(0.25, self.timeout)
@@ -125,6 +125,9 @@ class WorkerPool:
         self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
         self._command = self._command_tensor.numpy()
         self._status = self._status_tensor.numpy()
+        # the wait, read by the workers after every command: ``spin_s`` may change while they run
+        self._spin_tensor = in_shared_memory(torch.full((1,), spin_s, dtype=torch.float64), "the wait")
+        self._spin = self._spin_tensor.numpy()
         self._context, self._target, self._args, self._handshake = context, target, args, handshake
         self._wake, self._done = [None] * num_workers, [None] * num_workers
         self._any_done = semaphore(context)
@@ -149,7 +152,7 @@ class WorkerPool:
         # through the forkserver, the workers' single-threaded parent); otherwise the idle poll notices
         die_with_parent = self.start_method == "forkserver" or threading.current_thread() is threading.main_thread()
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w], self._command_tensor,
-                                self._status_tensor, self.spin_s, self._any_done, die_with_parent)
+                                self._status_tensor, self._spin_tensor, self._any_done, die_with_parent)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
                                name=f"{self.owner}-worker-{w}", daemon=self.daemon)
         self.procs[w], self.conns[w] = proc, parent_conn
@@ -227,6 +230,15 @@ class WorkerPool:
         self._status[w] = OK
         self._spawn(w)
         self.restarts[w] += 1
+
+    @property
+    def spin_s(self) -> float:
+        """Seconds both sides poll before they block (see the module docstring); settable at any time."""
+        return float(self._spin[0])
+
+    @spin_s.setter
+    def spin_s(self, seconds: float) -> None:
+        self._spin[0] = resolve_spin_s(seconds, self.num_workers)
 
     @property
     def num_workers(self) -> int:
@@ -423,8 +435,9 @@ class WorkerPool:
         self._done = [None] * len(self._done)
         self._any_done = None
         # private copies: the shared segments are freed now, and a call racing this one still finds arrays
-        self._command, self._status = self._command.copy(), self._status.copy()
-        self._command_tensor = self._status_tensor = self._args = None  # the workers' arguments hold segments too
+        self._command, self._status, self._spin = self._command.copy(), self._status.copy(), self._spin.copy()
+        # the workers' arguments hold segments too
+        self._command_tensor = self._status_tensor = self._spin_tensor = self._args = None
 
 
 def _reap(proc, timeout: float) -> None:

@@ -141,10 +141,12 @@ class WorkerChannel:
     """A worker's end of the protocol: its pipe, its semaphores and the shared command/status arrays."""
 
     def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
-                 spin_s: float = 0.0, any_done=None, die_with_parent: bool = True):
+                 spin: torch.Tensor | None = None, any_done=None, die_with_parent: bool = True):
         self.index, self.conn, self.wake, self.done = index, conn, wake, done
         self.command_tensor, self.status_tensor = command, status
-        self.spin_s, self.any_done, self.die_with_parent = spin_s, any_done, die_with_parent
+        #: ``[spin_s]`` in shared memory (the main process may change it), or None: block at once
+        self.spin_tensor = spin
+        self.any_done, self.die_with_parent = any_done, die_with_parent
 
     def start(self) -> None:
         """First thing in a worker: die with the main process (see :func:`_die_with_parent`); leave Ctrl-C to
@@ -191,6 +193,7 @@ class WorkerChannel:
     def serve(self, handlers: dict[int, Callable[[], Any]], call_target: Any) -> None:
         """The serving loop (see the module docstring), until ``CLOSE`` or until the main process is gone."""
         command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
+        spin = self.spin_tensor.numpy() if self.spin_tensor is not None else (0.0,)
         spin_until = 0.0
         while True:
             if not poll(self.wake, spin_until) and not self.wake.acquire(timeout=IDLE_POLL_S):
@@ -221,7 +224,7 @@ class WorkerChannel:
                 self.any_done.release()
             if reply is not None:  # after done: a reply larger than the pipe's buffer waits for the main process
                 self.conn.send(reply)
-            spin_until = time.perf_counter() + self.spin_s
+            spin_until = time.perf_counter() + spin[0]
 
 
 class EnvWorkerCalls:

@@ -1,5 +1,6 @@
 """The EnvBase behaviour shared by SerialEnv and ParallelEnv."""
 import functools
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -191,6 +192,33 @@ def test_spinning_and_blocking_waits_give_the_same_data(no_leaks):
             torch.manual_seed(4)
             out.append(env.rollout(60, break_when_any_done=False))
     assert (out[0] == out[1]).all()
+
+
+def test_the_wait_changes_on_a_running_env(no_leaks):
+    """``env.spin_s = x`` reaches the running workers (a worker polls after a step, burning CPU, only while the wait
+    says so), is kept across a restart, and a bad value is refused and changes nothing."""
+    import psutil
+
+    def cpu_after_one_step(env) -> float:
+        workers = [psutil.Process(pid) for pid in env.worker_pids]
+        before = sum(p.cpu_times().user + p.cpu_times().system for p in workers)
+        env.rand_step(env.reset())
+        time.sleep(0.5)
+        return sum(p.cpu_times().user + p.cpu_times().system for p in workers) - before
+
+    with ParallelEnv(2, cartpole, spin_s=0.0) as env:
+        env.spin_s = 0.4
+        assert env.spin_s == 0.4
+        assert cpu_after_one_step(env) > 0.1  # two workers polling for 0.4 s
+        env.spin_s = 0.0
+        assert cpu_after_one_step(env) < 0.1
+        with pytest.raises(ValueError, match="spin_s must be"):
+            env.spin_s = -1
+        assert env.spin_s == 0.0
+        env.spin_s = 0.002
+        env.close()
+        env.reset()
+        assert env.spin_s == 0.002
 
 
 def test_spinning_is_automatic_only_with_a_core_for_every_process(monkeypatch):
