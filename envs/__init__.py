@@ -1,7 +1,6 @@
 """Batched TorchRL envs: ``SerialEnv`` (one process), ``ParallelEnv`` (worker processes, shared memory) and
 ``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping)."""
 from .async_parallel import AsyncParallelEnv
-from .autotune import Tuning, autotune
 from .errors import (
     ArgumentError,
     ConstructorError,
@@ -16,6 +15,7 @@ from .errors import (
 from .parallel import ParallelEnv
 from .platform_policy import default_start_method
 from .serial import SerialEnv
+from .tuning import Tuning, autotune
 
 __all__ = [
     "ParallelEnv",

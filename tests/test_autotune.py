@@ -3,6 +3,7 @@ faster split wins where the gap is wide, and bad input is a clear error."""
 import functools
 
 import pytest
+import torch
 
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ArgumentError, EnvWorkerError, ParallelEnv, autotune
@@ -13,7 +14,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_the_pick_is_a_configuration_parallel_env_and_collectors_take(capsys, no_leaks):
+    threads = torch.get_num_threads()
     tuning = autotune(CountingEnv, 4, budget_s=3, max_workers=2)
+    assert torch.get_num_threads() == threads  # the caller's process is left as it was
     printed = capsys.readouterr().out
     assert tuning.num_workers * tuning.envs_per_worker == 4 and tuning.num_workers in (1, 2)
     assert tuning.spin_s in (0.0, SPIN_S) and tuning.steps_per_s > 0 and tuning.serial_steps_per_s > 0
@@ -45,7 +48,20 @@ def test_the_faster_split_wins_where_the_gap_is_wide(no_leaks):
     assert rates[4] > 2 * rates[1], str(tuning)
 
 
+def test_the_rollouts_timed_act_with_the_policy_given(no_leaks):
+    """The wait that wins depends on what this process does between steps: the timed rollouts run the policy."""
+    seen = []
+
+    def policy(td):
+        seen.append(tuple(td.batch_size))
+        return td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+
+    autotune(CountingEnv, 2, policy=policy, budget_s=1, max_workers=2, serial=False, verbose=False)
+    assert seen and set(seen) == {(2,)}
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    ({"num_envs": 2, "policy": "not callable"}, "policy must be callable"),
     ({"num_envs": 0}, "num_envs >= 1"),
     ({"num_envs": 2.0}, "num_envs >= 1"),
     ({"num_envs": 2, "budget_s": 0}, "budget_s > 0"),
