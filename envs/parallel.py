@@ -9,7 +9,7 @@ import torch
 from .batched import BatchedEnv
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .platform_policy import exit_if_bootstrapping, fits_cores, resolve_spin_s, resolve_start_method
+from .platform_policy import CALLER_THREADS, exit_if_bootstrapping, fits_cores, resolve_spin_s, resolve_start_method
 from .pool import WorkerPool
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
 from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
@@ -138,7 +138,6 @@ class ParallelEnv(BatchedEnv):
         self._handshake = BufferHandshake(num_envs)
         self._pool_options = dict(start_method=method, timeout=timeout, owner=owner, spin_s=spin_s, daemon=daemon,
                                   shutdown_timeout=shutdown_timeout)
-        self._threads_taken = 0
         self.pipeline = fits_cores(num_workers) if pipeline is None else bool(pipeline)
         self._staging = self._staging_generation = None  # see staging_buffers()
         self._start_pool()
@@ -166,11 +165,8 @@ class ParallelEnv(BatchedEnv):
             raise
         self._reset_mask = self._handshake.reset_tensor.numpy().reshape(-1)  # one flag per element
         self._step_mask = self._handshake.step_tensor.numpy()
-        self._threads_taken = 0
         if self.num_threads or self.adjusts_caller_threads:
-            before = torch.get_num_threads()
-            torch.set_num_threads(self.num_threads or max(1, before - self.num_workers))
-            self._threads_taken = before - torch.get_num_threads()
+            CALLER_THREADS.take(self, self.num_workers, self.num_threads)
 
     @property
     def spin_s(self) -> float:
@@ -350,8 +346,7 @@ class ParallelEnv(BatchedEnv):
         self._pool.stop()
         self._reset_mask = self._step_mask = self._staging = None
         self._handshake.release()
-        torch.set_num_threads(max(1, torch.get_num_threads() + self._threads_taken))
-        self._threads_taken = 0
+        CALLER_THREADS.give_back(self)
 
     @property
     def worker_pids(self) -> list[int]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
+
+import torch
 
 from .protocol import MISSING_GUARD_EXIT
 
@@ -70,3 +73,40 @@ def resolve_start_method(method: str | None) -> str:
     if method not in START_METHODS:
         raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {method!r}.")
     return method
+
+
+class CallerThreads:
+    """This process' torch threads while ``ParallelEnv`` workers run, as TorchRL sets them: one fewer per worker
+    (at least 1), or an env's ``num_threads``. Counted over every env running now from the count before the first
+    of them started, and back to that count when the last one stops, in whatever order they stop (giving back
+    what each env took, a count clamped at 1, left an env closed first handing out threads it never took)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._base: int | None = None
+        self._live: dict[int, tuple[int, int | None]] = {}  # id(env) -> (workers, num_threads)
+
+    def take(self, owner: object, workers: int, num_threads: int | None = None) -> None:
+        with self._lock:
+            if not self._live:
+                self._base = torch.get_num_threads()
+            self._live[id(owner)] = (workers, num_threads)
+            self._apply()
+
+    def give_back(self, owner: object) -> None:
+        with self._lock:
+            if self._live.pop(id(owner), None) is None:
+                return
+            if self._live:
+                self._apply()
+            else:
+                torch.set_num_threads(self._base)
+                self._base = None
+
+    def _apply(self) -> None:
+        chosen = [n for _, n in self._live.values() if n]
+        torch.set_num_threads(chosen[-1] if chosen else max(1, self._base - sum(w for w, _ in self._live.values())))
+
+
+#: the one count of this process
+CALLER_THREADS = CallerThreads()

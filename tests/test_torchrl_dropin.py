@@ -67,6 +67,24 @@ def test_main_threads_are_given_back_at_close(no_leaks):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("base, during, a_closed", [(8, 3, 5), (2, 1, 1)])
+def test_main_threads_count_every_env_running_whatever_order_they_close(base, during, a_closed, no_leaks):
+    """Two envs (2 and 3 workers): this process runs ``max(1, base - workers running)`` threads, also when the
+    first one closes first (a count clamped at 1 must not hand back threads it never took), and ``base`` after."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(base)
+        a = ParallelEnv(2, TorchCountingEnv)
+        b = ParallelEnv(3, TorchCountingEnv)
+        assert torch.get_num_threads() == during
+        a.close()
+        assert torch.get_num_threads() == a_closed
+        b.close()
+        assert torch.get_num_threads() == base
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_serial_for_single_builds_no_process(no_leaks):
     env = ParallelEnv(1, TorchCountingEnv, serial_for_single=True)
     try:
