@@ -9,7 +9,7 @@ import torch
 from .batched import BatchedEnv
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .platform_policy import CALLER_THREADS, exit_if_bootstrapping, fits_cores, resolve_spin_s, resolve_start_method
+from .platform_policy import CALLER_THREADS, exit_if_bootstrapping, fits_cores, resolve_start_method
 from .pool import WorkerPool
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
 from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
@@ -176,8 +176,8 @@ class ParallelEnv(BatchedEnv):
 
     @spin_s.setter
     def spin_s(self, seconds: float) -> None:
-        self._pool_options["spin_s"] = resolve_spin_s(seconds, self.num_workers)  # a restart keeps it
-        self._pool.spin_s = seconds
+        self._pool.spin_s = seconds  # checked there
+        self._pool_options["spin_s"] = self._pool.spin_s  # a restart keeps it
 
     def _start_again(self):
         self._start_pool()

@@ -75,6 +75,12 @@ def resolve_start_method(method: str | None) -> str:
     return method
 
 
+def caller_threads(before: int, workers: int, num_threads: int | None = None) -> int:
+    """This process' torch threads while ``workers`` workers run, as TorchRL sets them: ``num_threads`` if given,
+    else one fewer per worker than ``before``, at least 1."""
+    return num_threads or max(1, before - workers)
+
+
 class CallerThreads:
     """This process' torch threads while ``ParallelEnv`` workers run, as TorchRL sets them: one fewer per worker
     (at least 1), or an env's ``num_threads``. Counted over every env running now from the count before the first
@@ -105,7 +111,8 @@ class CallerThreads:
 
     def _apply(self) -> None:
         chosen = [n for _, n in self._live.values() if n]
-        torch.set_num_threads(chosen[-1] if chosen else max(1, self._base - sum(w for w, _ in self._live.values())))
+        workers = sum(w for w, _ in self._live.values())
+        torch.set_num_threads(caller_threads(self._base, workers, chosen[-1] if chosen else None))
 
 
 #: the one count of this process

@@ -32,7 +32,7 @@ import torch
 
 from .errors import ArgumentError
 from .parallel import ParallelEnv
-from .platform_policy import SPIN_S, usable_cores
+from .platform_policy import SPIN_S, caller_threads, usable_cores
 from .serial import SerialEnv
 
 KEEP = 0.75  #: the screened splits within this fraction of the best go on to the final phase
@@ -246,7 +246,7 @@ class _Search:
         env, length, root = self.envs[split]
         if split[0]:
             env.spin_s = spin_s
-        torch.set_num_threads(self.env_options.get("num_threads") or max(1, self.threads - split[0]))
+        torch.set_num_threads(caller_threads(self.threads, split[0], self.env_options.get("num_threads")))
         root = root.clone()
         start = time.perf_counter()
         env.rollout(length, self.policy, auto_reset=False, tensordict=root, break_when_any_done=False)
