@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
 from .actions import checked_actions
@@ -92,6 +92,9 @@ class BatchedEnv(Forwarding, EnvBase):
         # with only top-level keys, step_and_maybe_reset builds its next root without TensorDict's generic path
         self._flat_keys = all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
         self._not_carried = {"next", "_step", *replaced}
+        # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
+        self._root_keys = list(self._root.keys())
+        self._root_from_next = self._flat_keys and set(self._root_keys) <= set(self._next.keys())
         self._used = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
 
@@ -307,9 +310,14 @@ class BatchedEnv(Forwarding, EnvBase):
         mask = self._partial_mask(tensordict)
         self.step_in_place(tensordict, mask)
         self._pending_reset[:] = False
-        tensordict.set("next", self._next_output(tensordict, mask))
+        out = self._next_output(tensordict, mask)
+        tensordict.set("next", out)
         if self._flat_keys:  # the fresh root, plus the input's other entries (e.g. a policy's outputs), shared
-            next_root = self._copy_root()
+            if mask is None and self._root_from_next and not self._next_done.any():
+                next_root = TensorDict._new_unsafe({key: out.get(key) for key in self._root_keys},
+                                                   batch_size=out.batch_size)
+            else:
+                next_root = self._copy_root()
             for key in tensordict.keys():
                 if key not in self._not_carried:
                     next_root.set(key, tensordict.get(key))

@@ -5,10 +5,10 @@ them.
 While it waits, the main process checks every ``poll_s`` that the worker is alive (a dead one is a
 :class:`~tdcollect.envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``.
 
-Waiting: bounded spin, then block. Waking a process blocked on a semaphore costs more than a cheap step
-on a VM; polling the semaphore answers at once but burns a core. So both sides poll for ``spin_s`` seconds
-before they block, and ``platform_policy.default_spin_s`` only spins when every worker and the main process
-can have a core of their own; with fewer cores spinning would slow the workers down.
+Waiting: waking a process blocked on a semaphore costs more than a cheap step on a VM; polling the semaphore
+answers at once but burns a core. So both sides wait as ``protocol.Wait`` does: sleep through the part of the
+wait their recent waits say is sure to pass, poll for up to ``spin_s`` seconds, then block; and
+``platform_policy.default_spin_s`` only polls when every worker and the main process can have a core of their own.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from .protocol import (
     MISSING_GUARD_EXIT,
     NOTIFY,
     OK,
+    Wait,
     WorkerChannel,
     command_name,
     load_info,
@@ -132,6 +133,7 @@ class WorkerPool:
         self._wake, self._done = [None] * num_workers, [None] * num_workers
         self._any_done = semaphore(context)
         self._last_liveness_check = 0.0
+        self._waits: dict[int, Wait] = {}  # command code -> its wait (see protocol.Wait)
         self.procs, self.conns = [None] * num_workers, [None] * num_workers
         self.restarts = [0] * num_workers
         self.closed = False
@@ -283,6 +285,7 @@ class WorkerPool:
     def send(self, code: int, workers) -> None:
         """Send ``code`` to ``workers`` without waiting; :meth:`wait` for them before any other command."""
         self.check_open()
+        self._waits.setdefault(code, Wait()).start()
         for w in workers:
             self._command[w] = code
             self._wake[w].release()
@@ -360,10 +363,16 @@ class WorkerPool:
         deadline = None
         failures = {}
         dones = self._done  # stop() from another thread replaces the list; the liveness check then raises
+        first = self._waits.get(code)  # started by send(): sleeps through the sure part of the first worker's wait
         spin_until = time.perf_counter() + self.spin_s
         for w in workers:
             done = dones[w]
-            if poll(done, spin_until):
+            if first is not None:
+                acquired, first = first.acquire(done, self.spin_s, self._poll_s), None
+                spin_until = time.perf_counter() + self.spin_s
+                if acquired:
+                    continue
+            elif poll(done, spin_until):
                 continue
             while not done.acquire(timeout=self._poll_s):
                 deadline = deadline or time.monotonic() + self.timeout - self._poll_s

@@ -71,9 +71,13 @@ raised by a command are reported and the loop goes on. A ParallelEnv worker whos
 after ``done[w]`` is released, and the main process reads them once the worker is done: an answer larger than
 the pipe's buffer cannot deadlock.
 
-Waiting: bounded spin, then block. Both sides poll their semaphore (``acquire(False)``, no system call) for
-``spin_s`` seconds before they block on it; an idle worker wakes every :data:`IDLE_POLL_S` to exit if the
-main process is gone (on Linux it is killed with it anyway).
+Waiting (one strategy, :class:`Wait`, on both sides): sleep through the part of the wait that is sure to pass,
+then poll, then block. A side that waited about as long the last few times (a worker step, the main process'
+work between steps) first blocks on its semaphore with a timeout ending :data:`WAKE_MARGIN_S` before the
+shortest of its recent waits, then polls it (``acquire(False)``, no system call) for up to ``spin_s`` seconds,
+then blocks. So an answer is seen within microseconds while the poll burns a core only for the margin, not for
+the whole of a long step or policy. ``spin_s = 0`` blocks at once. An idle worker wakes every
+:data:`IDLE_POLL_S` to exit if the main process is gone (on Linux it is killed with it anyway).
 """
 from __future__ import annotations
 
@@ -194,9 +198,9 @@ class WorkerChannel:
         """The serving loop (see the module docstring), until ``CLOSE`` or until the main process is gone."""
         command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
         spin = self.spin_tensor.numpy() if self.spin_tensor is not None else (0.0,)
-        spin_until = 0.0
+        wait = Wait()
         while True:
-            if not poll(self.wake, spin_until) and not self.wake.acquire(timeout=IDLE_POLL_S):
+            if not wait.acquire(self.wake, spin[0], IDLE_POLL_S):
                 if not _main_process_alive():
                     return
                 continue
@@ -224,7 +228,7 @@ class WorkerChannel:
                 self.any_done.release()
             if reply is not None:  # after done: a reply larger than the pipe's buffer waits for the main process
                 self.conn.send(reply)
-            spin_until = time.perf_counter() + spin[0]
+            wait.start()
 
 
 class EnvWorkerCalls:
@@ -281,6 +285,41 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
         pass  # the main process went away
     finally:
         group.close()
+
+
+#: How long before the shortest recent wait a side stops sleeping and starts polling: a timed sleep ends up to
+#: ~60 µs late on a VM, and waits vary (Pong steps by ±15 %).
+WAKE_MARGIN_S = 200e-6
+#: Recent waits remembered, per side.
+RECENT_WAITS = 8
+
+
+class Wait:
+    """One side's wait for its semaphore (see the module docstring). :meth:`start` when the thing waited for
+    begins (a command sent, an answer given); :meth:`acquire` sleeps through the part of the wait that the shortest
+    of the last :data:`RECENT_WAITS` waits says is sure to pass, polls for ``spin_s`` seconds, then blocks."""
+
+    def __init__(self):
+        self.began = time.perf_counter()
+        self.recent: list[float] = []
+
+    def start(self) -> None:
+        self.began = time.perf_counter()
+
+    def acquire(self, semaphore, spin_s: float, timeout: float) -> bool:
+        """True once ``semaphore`` is acquired: after the sleep, within ``spin_s`` of polling, or blocking up to
+        ``timeout`` seconds after that (False then: the caller goes on blocking, with its own checks)."""
+        if spin_s > 0:
+            sleep = min(self.recent, default=0.0) - WAKE_MARGIN_S - (time.perf_counter() - self.began)
+            acquired = ((sleep > WAKE_MARGIN_S and semaphore.acquire(timeout=sleep))
+                        or poll(semaphore, time.perf_counter() + spin_s) or semaphore.acquire(timeout=timeout))
+        else:
+            acquired = semaphore.acquire(timeout=timeout)
+        if acquired:
+            self.recent.append(time.perf_counter() - self.began)
+            if len(self.recent) > RECENT_WAITS:
+                del self.recent[0]
+        return acquired
 
 
 def poll(semaphore, until: float) -> bool:

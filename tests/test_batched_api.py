@@ -221,6 +221,49 @@ def test_the_wait_changes_on_a_running_env(no_leaks):
         assert env.spin_s == 0.002
 
 
+class RecordingSemaphore:
+    """Stands for a semaphore: records each ``acquire`` (``False`` for a poll, else the timeout) and is acquired at
+    the call numbered ``acquired_at``."""
+
+    def __init__(self, acquired_at: int):
+        self.calls, self.acquired_at = [], acquired_at
+
+    def acquire(self, block=True, timeout=None):
+        self.calls.append(timeout if block else False)
+        return len(self.calls) > self.acquired_at
+
+
+def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass():
+    """protocol.Wait: with no history it polls at once; after waits of ~50 ms it first blocks until the margin
+    before the shortest of them, then polls; with spin_s = 0 it only blocks; every acquired wait is remembered."""
+    from tdcollect.envs.protocol import RECENT_WAITS, WAKE_MARGIN_S, Wait
+
+    wait = Wait()
+    fresh = RecordingSemaphore(acquired_at=1)
+    assert wait.acquire(fresh, spin_s=0.01, timeout=1.0)
+    assert fresh.calls[:2] == [False, False]  # polled: nothing known of this wait yet
+    assert len(wait.recent) == 1
+
+    wait.recent = [0.08, 0.05, 0.07]
+    wait.start()
+    learned = RecordingSemaphore(acquired_at=0)
+    assert wait.acquire(learned, spin_s=0.01, timeout=1.0)
+    sleep = learned.calls[0]
+    assert sleep is not False and 0.05 - WAKE_MARGIN_S - 0.01 < sleep <= 0.05 - WAKE_MARGIN_S
+
+    assert len(wait.recent) == 4  # this one too (the stand-in answered at once)
+    wait.recent = [0.05]
+    wait.start()
+    not_yet = RecordingSemaphore(acquired_at=3)  # the sleep and two polls find nothing, the third poll succeeds
+    assert wait.acquire(not_yet, spin_s=10.0, timeout=1.0)
+    assert not_yet.calls[0] is not False and not_yet.calls[1:] == [False, False, False]
+
+    blocking = RecordingSemaphore(acquired_at=5)
+    assert not wait.acquire(blocking, spin_s=0.0, timeout=0.25)
+    assert blocking.calls == [0.25]  # spin_s = 0: one block, and the caller goes on with its checks
+    assert len(wait.recent) <= RECENT_WAITS
+
+
 def test_spinning_is_automatic_only_with_a_core_for_every_process(monkeypatch):
     from tdcollect.envs import platform_policy as pool
 
@@ -278,6 +321,25 @@ def test_public_step_does_not_alias_buffers(kind, no_leaks):
         env.step(td2)
         assert torch.equal(out1["next", "observation"][:, 1], torch.tensor([1.0, 1.0]))
         assert torch.equal(first[:, 0], torch.tensor([1.0, 1.0]))
+
+
+def test_the_next_root_shares_the_steps_entries_unless_an_env_ended(kind, no_leaks):
+    """After a step where no env ended, the next root's observation and flags are the step's "next" tensors (as
+    TorchRL's step_mdp shares them: one copy of a frame, not two), never views of the buffers; where an env ended,
+    the root has its own reset observation."""
+    with make(kind, 1, functools.partial(CountingEnv, episode_len=2), per_worker=2) as env:
+        td = env.reset()
+        td["action"] = torch.tensor([1, 2])
+        td, root = env.step_and_maybe_reset(td)
+        for key in ("observation", "done", "terminated", "truncated"):
+            assert root[key] is td["next", key]
+        kept = root["observation"].clone()
+        root["action"] = torch.tensor([0, 0])
+        td2, root2 = env.step_and_maybe_reset(root)
+        assert torch.equal(root["observation"], kept) and torch.equal(td["next", "observation"], kept)
+        assert td2["next", "done"].all()
+        assert root2["observation"].data_ptr() != td2["next", "observation"].data_ptr()
+        assert root2["observation"][:, 0].tolist() == [0, 0] and td2["next", "observation"][:, 0].tolist() == [2, 2]
 
 
 def test_close_is_idempotent_and_the_next_use_restarts(kind, no_leaks):
