@@ -1,4 +1,7 @@
 import os
+import subprocess
+import sys
+import uuid
 
 import psutil
 import pytest
@@ -85,3 +88,50 @@ def no_leaks():
     new_shm = {e for e in new_shm if not _made_by_another_live_process(e)}
     assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
     assert not new_shm, f"/dev/shm entries left behind: {sorted(new_shm)}"
+
+
+_HOLD_SHM_SCRIPT = """
+import multiprocessing, signal, sys, time
+from multiprocessing import shared_memory
+
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+shm = shared_memory.SharedMemory(create=True, size=64)
+sem = multiprocessing.get_context("spawn").Semaphore()  # a named semaphore: /dev/shm/sem.mp-...
+print(shm.name, "sem." + sem._semlock.name.lstrip("/"), flush=True)
+try:
+    while True:
+        time.sleep(1)
+finally:
+    shm.close()
+    shm.unlink()
+"""
+
+
+@pytest.fixture
+def unrelated_shm():
+    """``make()`` creates /dev/shm entries the way other programs on the machine do, while the test runs:
+    a file of its own, a file named like another torch process's shared memory, and — from a separate
+    process that holds them until the test ends — a ``multiprocessing.shared_memory.SharedMemory`` and a
+    named semaphore. Returns their names; all are removed at teardown (before ``no_leaks`` looks)."""
+    files, procs = [], []
+
+    def make() -> set[str]:
+        names = {f"unrelated-{uuid.uuid4().hex}", f"torch_{os.getppid()}_{uuid.uuid4().int % 10**9}_1"}
+        for name in names:
+            with open(os.path.join("/dev/shm", name), "wb") as f:
+                f.write(b"not ours")
+            files.append(name)
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD_SHM_SCRIPT], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        procs.append(proc)
+        names.update(proc.stdout.readline().split())
+        proc.stdout.close()  # no fd of ours stays open for it
+        assert len(names) == 4 and names <= shm_entries(), names
+        return names
+
+    yield make
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+    for name in files:
+        os.unlink(os.path.join("/dev/shm", name))

@@ -205,53 +205,6 @@ def our_shm_entries(pids: set[int]) -> set[str]:
     return ours
 
 
-_HOLD_SHM_SCRIPT = """
-import multiprocessing, signal, sys, time
-from multiprocessing import shared_memory
-
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-shm = shared_memory.SharedMemory(create=True, size=64)
-sem = multiprocessing.get_context("spawn").Semaphore()  # a named semaphore: /dev/shm/sem.mp-...
-print(shm.name, "sem." + sem._semlock.name.lstrip("/"), flush=True)
-try:
-    while True:
-        time.sleep(1)
-finally:
-    shm.close()
-    shm.unlink()
-"""
-
-
-@pytest.fixture
-def unrelated_shm():
-    """``make()`` creates /dev/shm entries the way other programs on the machine do, while the test runs:
-    a file of its own, a file named like another torch process's shared memory, and — from a separate
-    process that holds them until the test ends — a ``multiprocessing.shared_memory.SharedMemory`` and a
-    named semaphore. Returns their names; all are removed at teardown (before ``no_leaks`` looks)."""
-    files, procs = [], []
-
-    def make() -> set[str]:
-        names = {f"unrelated-{uuid.uuid4().hex}", f"torch_{os.getppid()}_{uuid.uuid4().int % 10**9}_1"}
-        for name in names:
-            with open(os.path.join("/dev/shm", name), "wb") as f:
-                f.write(b"not ours")
-            files.append(name)
-        proc = subprocess.Popen([sys.executable, "-c", _HOLD_SHM_SCRIPT], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-        procs.append(proc)
-        names.update(proc.stdout.readline().split())
-        proc.stdout.close()  # no fd of ours stays open for it
-        assert len(names) == 4 and names <= shm_entries(), names
-        return names
-
-    yield make
-    for proc in procs:
-        proc.terminate()
-        proc.wait(10)
-    for name in files:
-        os.unlink(os.path.join("/dev/shm", name))
-
-
 def _open_fds() -> dict[str, str]:
     """This process's open file descriptors: ``{fd: what it points to}``."""
     fds = {}
@@ -316,48 +269,3 @@ def test_the_shm_check_still_sees_our_own_leaks(no_leaks, unrelated_shm):
         del leaked_sem
         gc.collect()
     assert our_shm_entries(pids) == before
-
-
-# ----------------------------------------------------------------- benchmarks/fault_matrix.py
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def test_fault_matrix_counts_only_the_shm_entries_of_its_process_tree(no_leaks, unrelated_shm):
-    from benchmarks import fault_matrix
-
-    kept = []
-
-    def cell():
-        unrelated_shm()  # other programs' entries appear while the cell runs
-        kept.append(multiprocessing.get_context("spawn").Semaphore())  # ours, and not released
-        raise ValueError("the fault")
-
-    try:
-        result = fault_matrix.measure(cell)
-    finally:
-        kept.clear()
-        gc.collect()
-    assert result["error"] == "ValueError: the fault"
-    assert result["segments"] == 1
-
-
-def _fault_matrix(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.fault_matrix", *args], cwd=_REPO, text=True,
-                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-
-
-def test_fault_matrix_help_prints_usage_and_runs_nothing():
-    start = time.monotonic()
-    proc = _fault_matrix("--help")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage: python -m benchmarks.fault_matrix") and "--only" in proc.stdout
-    assert "| fault |" not in proc.stdout
-    assert time.monotonic() - start < 30
-
-
-def test_fault_matrix_only_picks_a_subset():
-    proc = _fault_matrix("--list", "--only", "SEGFAULT", "--only", "num_workers")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["ParallelEnv: segfault in step", "bad input: num_workers < 1"]
-    proc = _fault_matrix("--only", "no such fault")
-    assert proc.returncode == 2 and "no fault's name contains" in proc.stderr

@@ -39,15 +39,6 @@ def test_failed_rounds_are_counted_and_an_all_failed_point_keeps_its_error():
     assert merged["broken"]["error"] == "RuntimeError('x')"
 
 
-def test_the_benchmark_finds_our_own_systems():
-    from benchmarks import ours
-    from tdcollect.collectors import MultiSyncCollector
-    from tdcollect.envs import ParallelEnv
-
-    assert ours._import("tdcollect.envs", "ParallelEnv") is ParallelEnv
-    assert ours._import("tdcollect.collectors", "MultiSyncCollector") is MultiSyncCollector
-
-
 def test_the_ratio_plot_is_written_from_results_files(tmp_path):
     import json
 
