@@ -3,6 +3,7 @@ modes, partial resets, seeding, infos, ``call``/``get_attr``/``set_attr``, the a
 spaces (Dict/Tuple included), errors and dead workers, and equality with gymnasium's own ``SyncVectorEnv``."""
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
@@ -375,14 +376,27 @@ def test_async_calls_in_order_and_out_of_order(no_leaks):
         env.close()
 
 
-def test_wait_timeouts_leave_the_call_pending(no_leaks):
-    env = ParallelVectorEnv([lambda: SleepyEnv(reset_s=0.4)] * 2)
+class GatedResetEnv(SleepyEnv):
+    """A SleepyEnv whose reset waits until the file ``gate`` exists."""
+
+    def __init__(self, gate: str):
+        super().__init__()
+        self.gate = gate
+
+    def reset(self, *, seed=None, options=None):
+        while not os.path.exists(self.gate):
+            time.sleep(0.01)
+        return super().reset(seed=seed, options=options)
+
+
+def test_wait_timeouts_leave_the_call_pending(no_leaks, tmp_path):
+    gate = str(tmp_path / "open")
+    env = ParallelVectorEnv([functools.partial(GatedResetEnv, gate)] * 2)
     try:
         env.reset_async()
-        start = time.perf_counter()
         with pytest.raises(multiprocessing.TimeoutError):
-            env.reset_wait(timeout=0.05)
-        assert time.perf_counter() - start < 0.35  # the reset itself takes 0.4 s
+            env.reset_wait(timeout=0.05)  # the resets cannot end before the gate opens
+        open(gate, "w").close()
         assert env.reset_wait()[0].shape == (2, 2)
         env.step_async(np.array([0.0, 0.4], np.float32))
         with pytest.raises(multiprocessing.TimeoutError):
