@@ -200,10 +200,11 @@ class WorkerChannel:
         spin = self.spin_tensor.numpy() if self.spin_tensor is not None else (0.0,)
         wait = Wait()
         while True:
-            if not wait.acquire(self.wake, spin[0], IDLE_POLL_S):
+            acquired = wait.acquire(self.wake, spin[0], IDLE_POLL_S)
+            while not acquired:  # idle: block, checking every IDLE_POLL_S that the main process is there
                 if not _main_process_alive():
                     return
-                continue
+                acquired = self.wake.acquire(timeout=IDLE_POLL_S)
             code = int(command[index])
             notify = bool(code & NOTIFY)
             code &= ~NOTIFY
