@@ -28,6 +28,7 @@ from torchrl.envs import EnvBase
 from .actions import checked_actions
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
+from .masks import reset_mask, step_mask
 from .one_thread import one_thread
 from .recycle import Recycler
 from .rollout import batched_rollout
@@ -215,7 +216,7 @@ class BatchedEnv(Forwarding, EnvBase):
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         self._ensure_open()
         self._used = True
-        mask = None if tensordict is None else self._reset_request(tensordict)
+        mask = None if tensordict is None else reset_mask(tensordict, self.reset_keys, self._elements)
         if mask is None:
             self._keep_objects(self._run_reset(None))
             self._pending_reset[:] = False
@@ -252,38 +253,10 @@ class BatchedEnv(Forwarding, EnvBase):
                         out.set(key, value)
         return out
 
-    def _reset_request(self, tensordict: TensorDictBase) -> np.ndarray | None:
-        """The elements the ``"_reset"`` entries of ``tensordict`` ask to reset (any of them, when there are
-        several, e.g. one per agent group: the element is reset as a whole), or None without any."""
-        mask = None
-        for key in self.reset_keys:
-            reset = tensordict.get(key, None)
-            if reset is not None:
-                wanted = reset.reshape(self._elements, -1).any(1).cpu().numpy()
-                mask = wanted if mask is None else mask | wanted
-        return mask
-
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        mask = self._partial_mask(tensordict)
+        mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
         self.step_in_place(tensordict, mask)
         return self._next_output(tensordict, mask)
-
-    def _partial_mask(self, tensordict: TensorDictBase) -> np.ndarray | None:
-        """TorchRL's partial steps: the ``"_step"`` entry (bool, one per env) as a numpy mask, or None when
-        it is absent or selects every env."""
-        step = tensordict.get("_step", None)
-        if step is None:
-            return None
-        flags = step.cpu().numpy().astype(bool)
-        if flags.size not in (self.num_envs, self._elements):
-            raise ValueError(f'"_step" has {flags.size} entries but {self.owner} has {self.num_envs} envs '
-                             f"of {self._elements // self.num_envs} elements each.")
-        rows = flags.reshape(self.num_envs, -1)
-        if not (rows == rows[:, :1]).all():
-            raise ValueError(f'{self.owner}: a "_step" mask must select whole envs (all elements of a batched '
-                             "env, or none).")
-        mask = rows[:, 0]
-        return None if mask.all() else mask
 
     def _next_output(self, tensordict: TensorDictBase, mask: np.ndarray | None) -> TensorDictBase:
         """The caller's copy of the next buffer. After a partial step, the envs not stepped get what
@@ -307,7 +280,7 @@ class BatchedEnv(Forwarding, EnvBase):
         done flags: the terminal observation where an env ended) and the root for the next action (the
         reset observation where an env ended, with the input's other keys carried over).
         """
-        mask = self._partial_mask(tensordict)
+        mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
         self.step_in_place(tensordict, mask)
         self._pending_reset[:] = False
         out = self._next_output(tensordict, mask)

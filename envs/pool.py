@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
-import multiprocessing.resource_sharer
-import multiprocessing.util
+import multiprocessing.util  # noqa: F401 - its exit hook is registered before ours (see _stop_live_pools)
 import threading
 import time
 import warnings
@@ -48,7 +47,7 @@ from .protocol import (
     poll,
     worker_error,
 )
-from .shared import in_shared_memory, remove_orphan_segments, semaphore
+from .shared import close_unfetched_fds, in_shared_memory, remove_orphan_segments, semaphore, unfetched_fds
 
 _PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
 
@@ -67,28 +66,6 @@ def _stop_live_pools() -> None:
 
 # registered after multiprocessing.util's exit hook (imported above), so it runs before it (atexit is LIFO)
 atexit.register(_stop_live_pools)
-
-
-def _unfetched_fds() -> set:
-    """Keys of the file descriptors this process offers to others (shared-memory tensors sent through a
-    pipe) that no process has fetched yet."""
-    sharer = getattr(multiprocessing.resource_sharer, "_resource_sharer", None)
-    if sharer is None:
-        return set()
-    with sharer._lock:
-        return set(sharer._cache)
-
-
-def _close_unfetched_fds(keys) -> None:
-    """Withdraw and close offered file descriptors that a worker died before fetching (they would stay
-    open for the life of this process)."""
-    sharer = getattr(multiprocessing.resource_sharer, "_resource_sharer", None)
-    if sharer is None or not keys:
-        return
-    with sharer._lock:
-        entries = [sharer._cache.pop(key, None) for key in keys]
-    for entry in filter(None, entries):
-        entry[1]()  # (send, close)
 
 
 class Handshake(Protocol):
@@ -176,12 +153,12 @@ class WorkerPool:
             self._raise_failures(failures)
         payloads = self._handshake.setup(infos) if infos else {}
         for w in infos:
-            before = _unfetched_fds()
+            before = unfetched_fds()
             try:
                 self.conns[w].send(("setup", payloads[w]))
             except _PIPE_GONE:
                 failures[w] = self._death(w, "start-up")
-            sent[w] = _unfetched_fds() - before
+            sent[w] = unfetched_fds() - before
         for w in infos:
             if w not in failures:
                 try:
@@ -189,7 +166,7 @@ class WorkerPool:
                 except WorkerError as err:
                     failures[w] = err
         for w in failures:
-            _close_unfetched_fds(sent.get(w, ()))
+            close_unfetched_fds(sent.get(w, ()))
         if replies:
             self._handshake.ready(replies)
         if failures:

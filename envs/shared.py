@@ -9,11 +9,13 @@ envs; every leaf's first dimension is the env index)::
     buffers["action"]  action keys (``"action"``, possibly nested)           -- written by the main process
 
 A worker binds to its slice ``buffers[start:stop]``; all views share storage with the main process' tensors,
-so nothing is pickled per step.
+so nothing is pickled per step. Also here: the bookkeeping of the shared segments' handles offered to workers
+(``unfetched_fds``) and of the segments a dead worker left half made (``remove_orphan_segments``).
 """
 from __future__ import annotations
 
 import errno
+import multiprocessing.resource_sharer
 import os
 from dataclasses import dataclass
 
@@ -271,3 +273,25 @@ class StageCopy:
     def copy(self) -> None:
         for dst, src in self.pairs:
             np.copyto(dst, src)
+
+
+def unfetched_fds() -> set:
+    """Keys of the file descriptors this process offers to others (shared-memory tensors sent through a
+    pipe) that no process has fetched yet."""
+    sharer = getattr(multiprocessing.resource_sharer, "_resource_sharer", None)
+    if sharer is None:
+        return set()
+    with sharer._lock:
+        return set(sharer._cache)
+
+
+def close_unfetched_fds(keys) -> None:
+    """Withdraw and close offered file descriptors that a worker died before fetching (they would stay
+    open for the life of this process)."""
+    sharer = getattr(multiprocessing.resource_sharer, "_resource_sharer", None)
+    if sharer is None or not keys:
+        return
+    with sharer._lock:
+        entries = [sharer._cache.pop(key, None) for key in keys]
+    for entry in filter(None, entries):
+        entry[1]()  # (send, close)
