@@ -262,7 +262,10 @@ class WorkerPool:
     def send(self, code: int, workers) -> None:
         """Send ``code`` to ``workers`` without waiting; :meth:`wait` for them before any other command."""
         self.check_open()
-        self._waits.setdefault(code, Wait()).start()
+        wait = self._waits.get(code)
+        if wait is None:  # (not setdefault: that would build a Wait on every send)
+            wait = self._waits[code] = Wait()
+        wait.start()
         for w in workers:
             self._command[w] = code
             self._wake[w].release()
