@@ -13,8 +13,8 @@ scripts two cells run (``main process SIGKILLed``, ``no __main__ guard``) are re
 resource trackers and are not counted.
 
 Each cell runs in this process against a fresh ParallelEnv / MultiSyncCollector; the tests in
-``tests/test_faults.py``, ``tests/test_reliability.py`` and ``tests/test_collectors_faults.py`` assert
-the same behaviour, this script only tabulates it.
+``tests/test_faults_env.py``, ``tests/test_faults_collectors.py``, ``tests/test_restarts.py`` and
+``tests/test_lifecycle.py`` assert the same behaviour, this script only tabulates it.
 """
 from __future__ import annotations
 

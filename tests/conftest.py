@@ -1,6 +1,11 @@
+"""Fixtures and helpers every test file may use: ``no_leaks`` (no child process and no /dev/shm entry of ours
+left behind), ``unrelated_shm`` (other programs' /dev/shm entries, for the leak checks to ignore), and
+``live_children``, ``wait_gone``, ``our_semaphores``, ``our_shm_entries`` (what a process tree of ours holds)."""
 import os
+import re
 import subprocess
 import sys
+import time
 import uuid
 
 import psutil
@@ -56,6 +61,46 @@ _track_semaphores()
 
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, within: float = 5.0) -> list[int]:
+    """Wait up to ``within`` s for the processes ``pids`` to end; returns those still running (empty: all gone)."""
+    deadline = time.monotonic() + within
+    alive = [pid for pid in pids if running(pid)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [pid for pid in alive if running(pid)]
+    return alive
+
+
+def our_semaphores() -> set[str]:
+    """The /dev/shm entries of the named semaphores (and shared-memory segments) this process registered."""
+    return {name for name in shm_entries() if name in _OUR_SEMAPHORES}
+
+
+_TORCH_SHM = re.compile(r"^torch_(\d+)_")
+
+
+def our_shm_entries(pids: set[int]) -> set[str]:
+    """The ``/dev/shm`` entries this process tree made, leaving out those of every other program on the
+    machine: the named semaphores this process registered with multiprocessing's resource tracker (a
+    ParallelEnv's ``wake`` / ``done`` semaphores under spawn and forkserver) and torch's shared-memory files
+    ``torch_<pid>_<n>_<k>`` made by a process in ``pids`` (under the file_system sharing strategy they stay until
+    released; under file_descriptor, the default, they are unlinked at once)."""
+    ours = {name for name in our_semaphores() if name.startswith("sem.")}
+    for name in shm_entries():
+        match = _TORCH_SHM.match(name)
+        if match and int(match.group(1)) in pids:
+            ours.add(name)
+    return ours
 
 
 def _made_by_another_live_process(entry: str) -> bool:

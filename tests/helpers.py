@@ -255,6 +255,36 @@ class SlowEnv(CountingEnv):
         return super().step(action)
 
 
+class GatedEnv(CountingEnv):
+    """A CountingEnv whose step number ``at_step`` creates the file ``<folder>/entered``, then waits (up to
+    ``GATE_WAIT_S``) for ``<folder>/open`` to exist: a test orders another thread's call after "a step is under
+    way" without timing it (:func:`wait_for_file`)."""
+
+    def __init__(self, folder: str, at_step: int = 2):
+        super().__init__(episode_len=1000)
+        self.folder, self.at_step, self.stepped = folder, at_step, 0
+
+    def step(self, action):
+        self.stepped += 1
+        if self.stepped == self.at_step:
+            open(os.path.join(self.folder, "entered"), "w").close()
+            wait_for_file(os.path.join(self.folder, "open"))
+        return super().step(action)
+
+
+#: How long a gate waits at most (a test that never opens it fails on its own assertions, not by hanging).
+GATE_WAIT_S = 30.0
+
+
+def wait_for_file(path: str, within: float = GATE_WAIT_S) -> None:
+    """Wait until ``path`` exists; ``TimeoutError`` after ``within`` s."""
+    deadline = time.monotonic() + within
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {within} s")
+        time.sleep(0.005)
+
+
 class BoundedObsEnv(CountingEnv):
     """CountingEnv whose observation space is bounded by ``high`` (envs that differ only in their bounds)."""
 

@@ -5,9 +5,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
 import torch
 from tensordict import TensorDict
@@ -16,6 +14,7 @@ ray = pytest.importorskip("ray")
 
 from tdcollect.collectors import MultiSyncCollector  # noqa: E402
 from tdcollect.envs import EnvWorkerError, SpecMismatchError  # noqa: E402
+from tests.conftest import wait_gone  # noqa: E402
 from tests.helpers import BoundedObsEnv, CountingEnv, CrashOnceEnv, FaultyEnv, cartpole  # noqa: E402
 from tests.test_collectors import KEYS, ConstantAction, mlp_policy  # noqa: E402
 
@@ -34,16 +33,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _gone(pids, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_same_batches_as_multisync(ray_cluster):
     from tdcollect.collectors import RayCollector
 
@@ -59,7 +48,7 @@ def test_same_batches_as_multisync(ray_cluster):
         batches = list(collector)
         pids = collector.worker_pids
         assert collector.weight_versions == [0, 0] and collector.restarts == [0, 0]
-    assert _gone(pids), "shutdown() left actor processes behind"
+    assert not wait_gone(pids, within=10.0), "shutdown() left actor processes behind"
     assert len(batches) == len(expected) == 3
     for batch, reference in zip(batches, expected):
         assert batch.batch_size == reference.batch_size == (2, 10)
@@ -123,7 +112,7 @@ def test_killed_actors_are_restarted_and_batches_stay_full(ray_cluster, tmp_path
             ids, old_ids = second["collector", "traj_ids"], first["collector", "traj_ids"]
             assert ids[0, 0] not in old_ids and ids[1, 0] == old_ids[1, -1]
             pids = collector.worker_pids
-    assert _gone(pids)
+    assert not wait_gone(pids, within=10.0)
 
 
 def test_actor_dying_past_max_restarts_is_a_clear_error(ray_cluster):
@@ -150,7 +139,7 @@ def test_env_errors_name_the_actor_and_shut_down(ray_cluster):
     pids = collector.worker_pids
     with pytest.raises(EnvWorkerError, match=r"worker 0 raised ValueError during collection: boom in step 4"):
         list(collector)
-    assert collector.actors == [] and _gone(pids)
+    assert collector.actors == [] and not wait_gone(pids, within=10.0)
 
 
 def test_actors_with_other_specs_are_a_clear_error(ray_cluster):

@@ -1,5 +1,7 @@
-"""Restarts re-run the start-up handshake, and every failure on the way — a replacement that dies while it
-starts — goes through the same restart budget."""
+"""Restarts (``max_restarts``): a failed worker of a ParallelEnv or a MultiSyncCollector is replaced, its envs'
+step is marked truncated and they go on from a fresh episode; a replacement re-runs the start-up exchange, and
+every failure on the way (a replacement that dies while it starts) goes through the same budget; past the
+budget, the failure is raised and everything is closed."""
 import functools
 import os
 import signal
@@ -9,12 +11,79 @@ import pytest
 import torch
 
 from tdcollect.collectors import MultiSyncCollector
-from tdcollect.envs import ParallelEnv, WorkerDiedError
+from tdcollect.envs import EnvWorkerError, ParallelEnv, WorkerDiedError
 from tests.helpers import CountingEnv, CrashOnceEnv
 
 pytestmark = pytest.mark.timeout(90)
 
+long_counting = functools.partial(CountingEnv, episode_len=100)
 
+
+@pytest.mark.parametrize("how, error", [("kill", "died"), ("raise", "ValueError")])
+def test_parallel_env_restarts_a_failed_worker(how, error, tmp_path, no_leaks):
+    crash_once = functools.partial(CrashOnceEnv, str(tmp_path / "crashed"), how, 3)
+    with pytest.warns(RuntimeWarning, match=rf"restarting worker 1 after: .*{error}"):
+        with ParallelEnv(2, [long_counting, crash_once], envs_per_worker=2, max_restarts=1) as env:
+            env.set_seed(0)
+            td = env.rollout(6, break_when_any_done=False)
+            assert env.restarts == [0, 1]
+    counts = td["next", "observation"][..., 0]
+    truncated = td["next", "truncated"][..., 0]
+    # worker 0's envs never noticed
+    assert counts[:2].tolist() == [[1, 2, 3, 4, 5, 6]] * 2
+    assert not truncated[:2].any() and not td["next", "done"][:2].any()
+    # worker 1's envs: the failed step (3rd) is truncated, with the reset observation and reward 0 ...
+    assert counts[2:, :2].tolist() == [[1, 2]] * 2
+    assert truncated[2:, 2].all() and not td["next", "terminated"][2:, 2].any()
+    assert counts[2:, 2].tolist() == [0, 0] and (td["next", "reward"][2:, 2] == 0).all()
+    # ... and the restarted envs go on from a fresh episode
+    assert counts[2:, 3:].tolist() == [[1, 2, 3]] * 2
+    assert not truncated[2:, 3:].any()
+
+
+def test_parallel_env_past_max_restarts_raises_and_closes(no_leaks):
+    always = functools.partial(CrashOnceEnv, None, "kill", 2)
+    with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+        with pytest.raises(WorkerDiedError, match="worker 1"):
+            with ParallelEnv(2, [long_counting, always], max_restarts=1) as env:
+                env.rollout(10, break_when_any_done=False)
+    assert env.is_closed and env.worker_pids == []
+
+
+def test_without_max_restarts_an_env_error_is_raised(no_leaks):
+    with ParallelEnv(2, [long_counting, functools.partial(CrashOnceEnv, None, "raise", 2)]) as env:
+        with pytest.raises(EnvWorkerError, match="worker 1 raised ValueError"):
+            env.rollout(5, break_when_any_done=False)
+        assert env.restarts == [0, 0]
+
+
+def test_collector_restarts_a_dead_worker_and_refills_its_batch(tmp_path, no_leaks):
+    crash_in_second_batch = functools.partial(CrashOnceEnv, str(tmp_path / "crashed"), "kill", 13)
+    with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+        with MultiSyncCollector([long_counting, crash_in_second_batch], None, frames_per_batch=20,
+                                total_frames=60, max_restarts=1) as collector:
+            batches = [batch.clone() for batch in collector]
+            assert collector.restarts == [0, 1]
+    assert [b.batch_size for b in batches] == [torch.Size([2, 10])] * 3
+    counts = [b["next", "observation"][:, :, 0] for b in batches]
+    assert counts[1][0].tolist() == list(range(11, 21))  # worker 0 untouched
+    assert counts[1][1].tolist() == list(range(1, 11))   # worker 1 refilled by its replacement, a fresh episode
+    ids = [b["collector", "traj_ids"] for b in batches]
+    assert ids[1][1, 0] != ids[0][1, -1], "the replacement's episode must get a new trajectory id"
+    assert ids[1][0, 0] == ids[0][0, -1]
+
+
+def test_collector_past_max_restarts_raises_and_shuts_down(no_leaks):
+    always = functools.partial(CrashOnceEnv, None, "raise", 2)
+    with pytest.warns(RuntimeWarning):
+        with pytest.raises(EnvWorkerError, match="worker 1 raised ValueError"):
+            with MultiSyncCollector([long_counting, always], None, frames_per_batch=20, total_frames=100,
+                                    max_restarts=2) as collector:
+                list(collector)
+    assert collector.worker_pids == []
+
+
+# ----------------------------------------------------------------- failures of the replacements
 def _construction_number(folder: str) -> int:
     """0, 1, 2, ... in the order constructions happen, across processes (O_EXCL files)."""
     i = 0

@@ -1,12 +1,12 @@
-"""Start-up: a worker dying in the start-up exchange is a WorkerDiedError with nothing left open; workers of a
-MultiSyncCollector must agree on their specs. Collectors check every step's actions, not only the first."""
+"""Collector faults: an env, a policy or a worker failing (also in the start-up exchange), bad arguments and
+bad actions are a clear error naming the worker and the cause, within seconds, with nothing left behind.
+Collectors check every step's actions, not only the first. Restarts: ``test_restarts.py``."""
 import functools
-import gc
 import os
 import signal
-import threading
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -14,39 +14,80 @@ from gymnasium import spaces
 from torch import nn
 
 from tdcollect.collectors import Collector, MultiSyncCollector
-from tdcollect.envs import EnvWorkerError, ParallelEnv, SerialEnv, SpecMismatchError, WorkerDiedError
-from tests.helpers import CountingEnv, OtherShapeEnv, cartpole
+from tdcollect.envs import EnvWorkerError, SerialEnv, SpecMismatchError, WorkerDiedError
+from tests.helpers import CountingEnv, FaultyEnv, OtherShapeEnv, SuicidalEnv, cartpole
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def dies_soon_after_construction(delay: float) -> CountingEnv:
-    """Built at once; its process is SIGKILLed ``delay`` s later (in the middle of the start-up exchange)."""
-    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    return CountingEnv()
+def test_env_raising_in_a_worker(no_leaks):
+    start = time.monotonic()
+    factories = [CountingEnv, functools.partial(FaultyEnv, "step", at_step=5)]
+    with pytest.raises(EnvWorkerError, match=r"worker 1 raised ValueError during collection: boom in step 5"):
+        with MultiSyncCollector(factories, None, frames_per_batch=20, total_frames=100) as collector:
+            list(collector)
+    assert time.monotonic() - start < 15
 
 
-def slow_to_build(delay: float) -> CountingEnv:
-    time.sleep(delay)
-    return CountingEnv()
+def test_env_raising_in_its_constructor(no_leaks):
+    with pytest.raises(EnvWorkerError, match=r"worker 0 raised ValueError during construction: boom in __init__"):
+        MultiSyncCollector([functools.partial(FaultyEnv, "init"), CountingEnv], None, frames_per_batch=20)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def test_policy_raising_in_a_worker(no_leaks):
+    calls = {"n": 0}
+
+    def policy(td):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise ZeroDivisionError("policy blew up")
+        return td.set("action", torch.zeros(td.shape, dtype=torch.int64))  # [] per env: TorchRL's layout
+
+    with pytest.raises(EnvWorkerError, match=r"worker \d raised ZeroDivisionError.*policy blew up"):
+        with MultiSyncCollector([CountingEnv] * 2, policy, frames_per_batch=20, total_frames=40) as collector:
+            list(collector)
 
 
-def test_a_worker_dying_in_the_start_up_exchange_is_a_worker_died_error_and_pins_nothing(no_leaks):
-    factories = [functools.partial(dies_soon_after_construction, 0.3), functools.partial(slow_to_build, 1.0)]
-    ParallelEnv(1, CountingEnv).close()  # warm up lazily created helpers
-    fds = _open_fds()
-    for _ in range(3):
-        # worker 0 says hello at once and is dead by the time worker 1 has said hello and its setup is sent
-        with pytest.raises(WorkerDiedError, match=r"worker 0 \(pid \d+\) died during start-up"):
-            ParallelEnv(2, factories, mp_start_method="fork")
-    gc.collect()  # what is left in reference cycles is garbage, not pinned
-    assert _open_fds() <= fds + 1, f"open fds grew from {fds} to {_open_fds()}"
+def test_killed_worker(no_leaks):
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"worker 1 .*SIGKILL"):
+        with MultiSyncCollector([CountingEnv, SuicidalEnv], None, frames_per_batch=20, total_frames=100) as c:
+            list(c)
+    assert time.monotonic() - start < 15
 
 
+def test_worker_killed_between_batches(no_leaks):
+    with MultiSyncCollector([CountingEnv] * 2, None, frames_per_batch=20, total_frames=-1) as collector:
+        it = iter(collector)
+        next(it)
+        os.kill(collector.worker_pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="worker 0"):
+            next(it)
+        assert collector.worker_pids == []
+
+
+def test_instances_and_bad_arguments(no_leaks):
+    env = gym.make("CartPole-v1")
+    with pytest.raises(TypeError, match="not an env instance"):
+        MultiSyncCollector([env, env], None, frames_per_batch=20)
+    with pytest.raises(ValueError, match="num_workers >= 1"):
+        MultiSyncCollector(CountingEnv, None, num_workers=0, frames_per_batch=20)
+    with pytest.raises(ValueError, match="total_frames"):
+        MultiSyncCollector([CountingEnv], None, frames_per_batch=20, total_frames=0)
+    with pytest.raises(ValueError, match="frames_per_batch must be a positive int"):
+        MultiSyncCollector([CountingEnv] * 2, None, frames_per_batch=2.5)
+    env.close()
+
+
+def test_shutdown_is_idempotent_and_leaves_nothing(no_leaks):
+    collector = MultiSyncCollector([CountingEnv] * 2, None, frames_per_batch=20, total_frames=40)
+    list(collector)
+    collector.shutdown()
+    collector.shutdown()
+    assert collector.worker_pids == []
+
+
+# ----------------------------------------------------------------- start-up and actions
 def test_multisync_workers_with_other_specs_are_refused_at_construction(no_leaks):
     with pytest.raises(SpecMismatchError, match=r"worker 1 has other specs than worker 0 .*observation.*\(4,\)"):
         MultiSyncCollector([CountingEnv, cartpole], frames_per_batch=20)

@@ -1,5 +1,9 @@
-"""Bad input and worker faults: a clear error in the main process, and nothing left behind."""
+"""Env faults: bad input and worker failures (an exception, a kill, a native crash, a stuck step, a death in the
+start-up exchange) are a clear error in the main process, naming the worker and the cause, with nothing left
+behind. Restarts: ``test_restarts.py``; collectors: ``test_faults_collectors.py``; exit, threads and close:
+``test_lifecycle.py``; kills every half second and soaks: ``test_stress.py``."""
 import functools
+import gc
 import os
 import signal
 import threading
@@ -18,10 +22,12 @@ from tdcollect.envs import (
     WorkerDiedError,
     WorkerTimeoutError,
 )
-from tests.conftest import live_children
-from tests.helpers import CountingEnv, FaultyEnv, OtherShapeEnv, StuckEnv, SuicidalEnv, cartpole
+from tests.conftest import live_children, wait_gone
+from tests.helpers import CountingEnv, CrashOnceEnv, FaultyEnv, OtherShapeEnv, StuckEnv, SuicidalEnv, cartpole
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(90)
+
+long_counting = functools.partial(CountingEnv, episode_len=100)
 
 
 @pytest.mark.parametrize("instance", [lambda: gym.make("CartPole-v1"), lambda: GymEnv("CartPole-v1"),
@@ -166,12 +172,8 @@ def test_garbage_collected_env_stops_its_workers(no_leaks):
     env = ParallelEnv(2, CountingEnv)
     pids = env.worker_pids
     del env
-    import gc
-
     gc.collect()
-    time.sleep(0.1)
-    assert not [pid for pid in pids
-                if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+    assert not wait_gone(pids), "the workers of a collected env are still running"
 
 
 @pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
@@ -189,3 +191,41 @@ def test_an_action_lacking_only_a_last_dim_of_one_is_given_it(cls, no_leaks):
         td = out["next"].set("action", torch.ones(2, 1, 1, dtype=torch.long))
         with pytest.raises(ValueError, match=r"'action' has shape \(2, 1, 1\)"):
             env.step(td)
+
+
+@pytest.mark.parametrize("how, signame", [("abort", "SIGABRT"), ("segfault", "SIGSEGV")])
+def test_native_crash_in_step_names_worker_and_signal(how, signame, no_leaks):
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=rf"worker 1 .*died during step.*{signame}"):
+        with ParallelEnv(2, [long_counting, functools.partial(CrashOnceEnv, None, how)]) as env:
+            env.rollout(10, break_when_any_done=False)
+    assert time.monotonic() - start < 10
+    assert env.is_closed and env.worker_pids == []
+
+
+# ----------------------------------------------------------------- start-up
+def dies_soon_after_construction(delay: float) -> CountingEnv:
+    """Built at once; its process is SIGKILLed ``delay`` s later (in the middle of the start-up exchange)."""
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    return CountingEnv()
+
+
+def slow_to_build(delay: float) -> CountingEnv:
+    time.sleep(delay)
+    return CountingEnv()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_worker_dying_in_the_start_up_exchange_is_a_worker_died_error_and_pins_nothing(no_leaks):
+    factories = [functools.partial(dies_soon_after_construction, 0.3), functools.partial(slow_to_build, 1.0)]
+    ParallelEnv(1, CountingEnv).close()  # warm up lazily created helpers
+    fds = _open_fds()
+    for _ in range(3):
+        # worker 0 says hello at once and is dead by the time worker 1 has said hello and its setup is sent
+        with pytest.raises(WorkerDiedError, match=r"worker 0 \(pid \d+\) died during start-up"):
+            ParallelEnv(2, factories, mp_start_method="fork")
+    gc.collect()  # what is left in reference cycles is garbage, not pinned
+    assert _open_fds() <= fds + 1, f"open fds grew from {fds} to {_open_fds()}"
