@@ -12,6 +12,17 @@ from tdcollect.envs.vector import ParallelVecEnv, ParallelVectorEnv
 FACES = ["serial", "parallel", "async", "multisync", "vector", "sb3"]
 
 
+def batched(kind: str, num_workers: int, factory, envs_per_worker: int = 1, **kwargs):
+    """A ``SerialEnv`` (``kind="serial"``) or ``ParallelEnv`` (``"parallel"``) of ``num_workers * envs_per_worker``
+    envs; ``factory``: one callable, or a list of one per worker (the serial env builds each one's envs in a
+    row, as a worker does)."""
+    if kind == "serial":
+        if isinstance(factory, list):
+            factory = [f for f in factory for _ in range(envs_per_worker)]
+        return SerialEnv(num_workers * envs_per_worker, factory, **kwargs)
+    return ParallelEnv(num_workers, factory, envs_per_worker=envs_per_worker, **kwargs)
+
+
 def build(face: str, factory, n: int = 2, **kwargs):
     """The face over ``n`` envs of ``factory`` (one per worker)."""
     if face == "serial":

@@ -13,15 +13,10 @@ from torchrl.envs.utils import check_env_specs
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.group import EnvGroup, seed_chain
 from tdcollect.envs.shared import allocate_buffers
+from tests.faces import batched
 from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def make(kind, n_workers, factory, per_worker=1, **kwargs):
-    if kind == "serial":
-        return SerialEnv(n_workers * per_worker, factory, **kwargs)
-    return ParallelEnv(n_workers, factory, envs_per_worker=per_worker, **kwargs)
 
 
 @pytest.fixture(params=["serial", "parallel"])
@@ -30,7 +25,7 @@ def kind(request):
 
 
 def test_batch_size_specs_and_check_env_specs(kind, no_leaks):
-    with make(kind, 2, cartpole, per_worker=3) as env:
+    with batched(kind, 2, cartpole, envs_per_worker=3) as env:
         assert env.batch_size == (6,)
         assert env.observation_spec["observation"].shape == (6, 4)
         assert env.action_spec.shape == (6,)
@@ -41,7 +36,7 @@ def test_batch_size_specs_and_check_env_specs(kind, no_leaks):
 
 
 def test_rollout_shape_and_keys(kind, no_leaks):
-    with make(kind, 2, cartpole, per_worker=2) as env:
+    with batched(kind, 2, cartpole, envs_per_worker=2) as env:
         env.set_seed(0)
         td = env.rollout(30, break_when_any_done=False)
         assert td.batch_size == (4, 30)
@@ -54,14 +49,14 @@ def test_rollout_shape_and_keys(kind, no_leaks):
 
 
 def test_rollout_stops_at_first_done(kind, no_leaks):
-    with make(kind, 2, functools.partial(CountingEnv, episode_len=4)) as env:
+    with batched(kind, 2, functools.partial(CountingEnv, episode_len=4)) as env:
         td = env.rollout(50)
         assert td.batch_size == (2, 4)
         assert td["next", "done"][:, -1].all() and not td["next", "done"][:, :-1].any()
 
 
 def test_auto_reset_semantics_of_step_and_maybe_reset(kind, no_leaks):
-    with make(kind, 1, functools.partial(CountingEnv, episode_len=2), per_worker=2) as env:
+    with batched(kind, 1, functools.partial(CountingEnv, episode_len=2), envs_per_worker=2) as env:
         td = env.reset()
         td["action"] = torch.tensor([1, 2])
         td, root = env.step_and_maybe_reset(td)
@@ -78,7 +73,7 @@ def test_auto_reset_semantics_of_step_and_maybe_reset(kind, no_leaks):
 
 
 def test_step_then_partial_reset_does_not_reset_twice(kind, no_leaks):
-    with make(kind, 2, functools.partial(CountingEnv, episode_len=1), per_worker=1) as env:
+    with batched(kind, 2, functools.partial(CountingEnv, episode_len=1), envs_per_worker=1) as env:
         env.set_seed(5)
         td = env.reset()
         assert td["observation"][:, 2].tolist() == as_float32(seed_chain(5, 2))
@@ -100,7 +95,7 @@ def as_float32(values) -> list[float]:
 def test_set_seed_follows_torchrl_seed_chain(kind, no_leaks):
     """As TorchRL's batched envs: env 0 gets the seed, each next env the seed its predecessor returned
     (``seed_generator``), or the same seed with ``static_seed``; set_seed returns the seed after the last env."""
-    with make(kind, 2, CountingEnv, per_worker=2) as env:
+    with batched(kind, 2, CountingEnv, envs_per_worker=2) as env:
         chain = seed_chain(10, 5)
         assert env.set_seed(10) == chain[4]
         assert env.reset()["observation"][:, 2].tolist() == as_float32(chain[:4])
@@ -111,7 +106,7 @@ def test_set_seed_follows_torchrl_seed_chain(kind, no_leaks):
 def test_same_seed_same_data(kind, no_leaks):
     runs = []
     for _ in range(2):
-        with make(kind, 2, cartpole, per_worker=2) as env:
+        with batched(kind, 2, cartpole, envs_per_worker=2) as env:
             env.set_seed(3)
             torch.manual_seed(0)
             runs.append(env.rollout(40, break_when_any_done=False))
@@ -133,7 +128,7 @@ def test_parallel_equals_serial_bit_for_bit(no_leaks):
 def test_random_rollout_equals_stepping_its_actions(kind, factory, no_leaks):
     """The lean random rollout stores exactly what stepping its actions one by one returns (vector, nested
     and image-sized leaves; across episode ends)."""
-    with make(kind, 2, factory, per_worker=2) as env:
+    with batched(kind, 2, factory, envs_per_worker=2) as env:
         env.set_seed(5)
         fast = env.rollout(30, break_when_any_done=False)
         env.set_seed(5)
@@ -277,7 +272,7 @@ def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
     def policy(td):
         return td.set("action", (td["observation"][:, 2] > 0).long())
 
-    with make(kind, 2, cartpole, per_worker=2) as env:
+    with batched(kind, 2, cartpole, envs_per_worker=2) as env:
         td = env.rollout(25, policy, break_when_any_done=False)
         assert td.batch_size == (4, 25)
         assert torch.equal(td["action"], (td["observation"][..., 2] > 0).long())
@@ -285,14 +280,14 @@ def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
 
 def test_list_of_factories_and_kwargs(kind, no_leaks):
     factories = [functools.partial(CountingEnv, episode_len=3), functools.partial(CountingEnv, episode_len=5)]
-    with make(kind, 2, factories, create_env_kwargs=[{"n_actions": 3}, {"n_actions": 3}]) as env:
+    with batched(kind, 2, factories, create_env_kwargs=[{"n_actions": 3}, {"n_actions": 3}]) as env:
         td = env.rollout(10, break_when_any_done=False)
         first_done = td["next", "done"].squeeze(-1).float().argmax(-1).tolist()
         assert first_done == [2, 4]
 
 
 def test_torchrl_env_factory(kind, no_leaks):
-    with make(kind, 2, lambda: GymEnv("CartPole-v1")) as env:
+    with batched(kind, 2, lambda: GymEnv("CartPole-v1")) as env:
         check_env_specs(env)
         td = env.rollout(20, break_when_any_done=False)
         assert td.batch_size == (2, 20)
@@ -300,7 +295,7 @@ def test_torchrl_env_factory(kind, no_leaks):
 
 
 def test_rich_spaces_become_nested_keys(kind, no_leaks):
-    with make(kind, 2, RichSpacesEnv) as env:
+    with batched(kind, 2, RichSpacesEnv) as env:
         keys = set(env.full_observation_spec.keys(True, True))
         assert keys == {"pos", "mode", ("extra", "0"), ("extra", "1")}
         assert set(env.full_action_spec.keys(True, True)) == {("action", "move"), ("action", "jump")}
@@ -311,7 +306,7 @@ def test_rich_spaces_become_nested_keys(kind, no_leaks):
 
 
 def test_public_step_does_not_alias_buffers(kind, no_leaks):
-    with make(kind, 1, CountingEnv, per_worker=2) as env:
+    with batched(kind, 1, CountingEnv, envs_per_worker=2) as env:
         td = env.reset()
         td["action"] = torch.tensor([1, 1])
         first = env.step(td)["next", "observation"].clone()
@@ -327,7 +322,7 @@ def test_the_next_root_shares_the_steps_entries_unless_an_env_ended(kind, no_lea
     """After a step where no env ended, the next root's observation and flags are the step's "next" tensors (as
     TorchRL's step_mdp shares them: one copy of a frame, not two), never views of the buffers; where an env ended,
     the root has its own reset observation."""
-    with make(kind, 1, functools.partial(CountingEnv, episode_len=2), per_worker=2) as env:
+    with batched(kind, 1, functools.partial(CountingEnv, episode_len=2), envs_per_worker=2) as env:
         td = env.reset()
         td["action"] = torch.tensor([1, 2])
         td, root = env.step_and_maybe_reset(td)
@@ -344,7 +339,7 @@ def test_the_next_root_shares_the_steps_entries_unless_an_env_ended(kind, no_lea
 
 def test_close_is_idempotent_and_the_next_use_restarts(kind, no_leaks):
     """TorchRL's semantics: a closed batched env starts again at its next reset / step / rollout."""
-    env = make(kind, 2, CountingEnv)
+    env = batched(kind, 2, CountingEnv)
     first_pids = getattr(env, "worker_pids", None)
     env.rollout(3)
     env.close()
@@ -366,14 +361,14 @@ def test_close_is_idempotent_and_the_next_use_restarts(kind, no_leaks):
 
 
 def test_gym_make_with_kwargs(kind, no_leaks):
-    with make(kind, 2, gym.make, create_env_kwargs={"id": "CartPole-v1", "max_episode_steps": 3}) as env:
+    with batched(kind, 2, gym.make, create_env_kwargs={"id": "CartPole-v1", "max_episode_steps": 3}) as env:
         td = env.rollout(10, break_when_any_done=False)
         assert td["next", "truncated"][:, 2].all()
 
 
 def test_module_machinery_works_on_the_env(kind, no_leaks):
     """EnvBase is an nn.Module: the step buffers must not take the place of the Module's own ``_buffers``."""
-    with make(kind, 2, cartpole) as env:
+    with batched(kind, 2, cartpole) as env:
         assert isinstance(dict(env.named_buffers()), dict)
         env.state_dict()
         assert env.to("cpu") is env
@@ -383,7 +378,7 @@ def test_module_machinery_works_on_the_env(kind, no_leaks):
 def test_actions_that_require_grad_tie_no_graph_to_the_buffers(kind, no_leaks):
     from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv
 
-    with make(kind, 2, ContinuousActionVecMockEnv) as env:
+    with batched(kind, 2, ContinuousActionVecMockEnv) as env:
         weight = torch.ones((), requires_grad=True)  # as a policy's output outside torch.no_grad()
         td = env.reset()
         td["action"] = env.action_spec.rand() * weight

@@ -15,7 +15,8 @@ from tensordict import TensorDict
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from tdcollect.envs import EnvWorkerError, ParallelEnv, SerialEnv
+from tdcollect.envs import EnvWorkerError, SerialEnv
+from tests.faces import batched
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,13 +209,6 @@ def _run(env, when):
             env.rollout(2, break_when_any_done=False)
 
 
-def _make(kind, factories, envs_per_worker=1):
-    if kind == "serial":
-        n = len(factories) * envs_per_worker
-        return SerialEnv(n, [f for f in factories for _ in range(envs_per_worker)])
-    return ParallelEnv(len(factories), factories, envs_per_worker=envs_per_worker, mp_start_method="fork")
-
-
 GYM_DECLARES = "the env's observation_space declares shape "
 TORCHRL_DECLARES = "the env's specs declare shape "
 SCALAR = r"a gymnasium env must return a scalar, shape \(\)"
@@ -254,7 +248,7 @@ def test_gym_observation_of_wrong_shape_is_an_error_naming_env_key_and_shapes(ki
     error, pattern = _expect(kind, 1, 1, f"{when}()", "observation 'observation'",
                              GYM_DECLARES + _shape_text(declared), _shape_text(returned))
     with pytest.raises(error, match=pattern) as info:
-        _run(_make(kind, [good, bad]), when)
+        _run(batched(kind, 2, [good, bad]), when)
     if kind == "parallel":
         assert info.value.worker == 1 and info.value.exc_type == "ValueError"
 
@@ -267,7 +261,7 @@ def test_the_env_index_counts_across_workers_and_envs_per_worker(kind, action):
     bad = functools.partial(WrongShapeEnv, (4,), (1,), "step", bad_instance=1, action=action)
     error, pattern = _expect(kind, 3, 1, "step()", "observation 'observation'", GYM_DECLARES + r"\(4,\)",
                              r"\(1,\)")
-    env = _make(kind, [good, bad], envs_per_worker=2) if kind == "parallel" else SerialEnv(
+    env = batched(kind, 2, [good, bad], envs_per_worker=2) if kind == "parallel" else SerialEnv(
         4, [good, good, good, functools.partial(WrongShapeEnv, (4,), (1,), "step", action=action)])
     with pytest.raises(error, match=pattern):
         _run(env, "step")
@@ -283,7 +277,7 @@ def test_wrong_shape_from_the_auto_reset_after_done_is_named_as_reset(kind, acti
                              r"\(1,\)")
     if kind == "parallel":  # the worker was stepping when its env reset itself
         pattern = pattern.replace("during reset", "during step")
-    with _make(kind, [good, bad]) as env:
+    with batched(kind, 2, [good, bad]) as env:
         state = env.reset()  # the first reset: right shape
         with pytest.raises(error, match=pattern):
             env.rollout(5, auto_reset=False, tensordict=state, break_when_any_done=False)
@@ -304,7 +298,7 @@ def test_reward_and_flags_must_be_scalars(kind, key, outputs, action):
     received = _shape_text(np.shape(outputs[key]))
     error, pattern = _expect(kind, 1, 1, "step()", f"'{key}'", SCALAR, received)
     with pytest.raises(error, match=pattern):
-        _run(_make(kind, [good, bad]), "step")
+        _run(batched(kind, 2, [good, bad]), "step")
 
 
 # ----------------------------------------------------------------- nested Dict observations
@@ -315,7 +309,7 @@ def test_nested_dict_observation_names_the_nested_key(kind, when, bad, expected,
     key_text = rf"observation \('inner', '{bad}'\)"
     error, pattern = _expect(kind, 1, 1, f"{when}()", key_text, GYM_DECLARES + expected, received)
     with pytest.raises(error, match=pattern):
-        _run(_make(kind, [NestedDictEnv, functools.partial(NestedDictEnv, bad, when)]), when)
+        _run(batched(kind, 2, [NestedDictEnv, functools.partial(NestedDictEnv, bad, when)]), when)
 
 
 # ----------------------------------------------------------------- TorchRL envs
@@ -329,13 +323,13 @@ def test_torchrl_observation_of_wrong_shape_is_an_error(kind, when, declared, re
     error, pattern = _expect(kind, 1, 1, f"{when}()", "'observation'", TORCHRL_DECLARES + _shape_text(declared),
                              _shape_text(returned))
     with pytest.raises(error, match=pattern):
-        _run(_make(kind, [good, bad]), when)
+        _run(batched(kind, 2, [good, bad]), when)
 
 
 # ----------------------------------------------------------------- correct envs are unaffected
 @pytest.mark.parametrize("kind", ["serial", "parallel"])
 def test_correctly_shaped_loose_values_still_work(kind):
-    with _make(kind, [LooseButCorrectEnv, LooseButCorrectEnv]) as env:
+    with batched(kind, 2, LooseButCorrectEnv) as env:
         td = env.rollout(4, break_when_any_done=False)
     nxt = td["next"]
     assert nxt["x"].dtype == torch.float32
@@ -349,7 +343,7 @@ def test_correctly_shaped_loose_values_still_work(kind):
 @pytest.mark.parametrize("kind", ["serial", "parallel"])
 @pytest.mark.parametrize("action", ["discrete", "multidiscrete"], ids=["block", "one-by-one"])
 def test_correct_box_env_values_are_written_as_before(kind, action):
-    with _make(kind, [functools.partial(CountingBoxEnv, action)] * 2) as env:
+    with batched(kind, 2, functools.partial(CountingBoxEnv, action)) as env:
         env.set_seed(0)
         td = env.rollout(4, break_when_any_done=False)
     assert td["next", "observation"].shape == (2, 4, 4)
@@ -361,6 +355,6 @@ def test_correct_box_env_values_are_written_as_before(kind, action):
 
 @pytest.mark.parametrize("kind", ["serial", "parallel"])
 def test_correct_torchrl_env_is_unaffected(kind):
-    with _make(kind, [functools.partial(WrongShapeTorchRLEnv, (4,))] * 2) as env:
+    with batched(kind, 2, functools.partial(WrongShapeTorchRLEnv, (4,))) as env:
         td = env.rollout(3, break_when_any_done=False)
     torch.testing.assert_close(td["next", "observation"], torch.full((2, 3, 4), 0.5))

@@ -1,3 +1,7 @@
+"""gymnasium spaces as TorchRL specs (bounds, dtypes, nested keys, clear errors for what has no spec), the
+spec differences named in mismatch errors, the fast value checks against ``spec.is_in``, and unusual dtypes across
+the start-up exchange."""
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -87,7 +91,7 @@ def test_value_checker_agrees_with_is_in():
         assert verdicts[0] and not all(verdicts)
 
 
-class WideIntegerEnv(__import__("gymnasium").Env):
+class WideIntegerEnv(gym.Env):
     """An observation space holding a uint16 tensor in its spec (MultiDiscrete of dtype uint16)."""
 
     observation_space = spaces.MultiDiscrete([7, 9], dtype=np.uint16)
