@@ -3,7 +3,9 @@
 Each notebook runs as a copy held in memory (the .ipynb files are never written), with tutorials/ as the
 working directory, in a kernel of this very interpreter with the repository on its PYTHONPATH, so it runs the
 same whether the package is pip-installed or not. A failing cell fails the test with that cell's source and
-traceback. After the last cell the kernel must have no child process left (multiprocessing's forkserver and
+traceback. ``TUTORIAL_QUICK=1`` is set: the notebooks that only time things or train for show (04, 05, 06; their
+first cell says what changes) run shorter; 03 and 07 train to their targets as they are. After the last cell the
+kernel must have no child process left (multiprocessing's forkserver and
 resource tracker aside); then the kernel is shut down and ``no_leaks`` checks this process.
 
 Slow (a few minutes in all on 2 cores): skip them locally with ``-m "not slow"``; CI runs them.
@@ -43,6 +45,7 @@ def python3_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))  # searched before the user's own kernels
     path = [str(TUTORIALS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    monkeypatch.setenv("TUTORIAL_QUICK", "1")  # the notebooks that time things or train for show run shorter
 
 
 def run_notebook(nb: nbformat.NotebookNode, cwd: Path) -> list[str]:
