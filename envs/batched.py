@@ -89,10 +89,13 @@ class BatchedEnv(Forwarding, EnvBase):
         # elements that ended in the last step and whose reset observation already sits in the root buffer
         self._pending_reset = np.zeros(self._elements, dtype=bool)
         self._copy_root, self._copy_next = self.recycler.copier(self._root), self.recycler.copier(self._next)
+        self._copy_next_leaves = self.recycler.leaf_copier(self._next)  # step_and_maybe_reset's flat path
+        self._next_batch = self._next.batch_size
         replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
         # with only top-level keys, step_and_maybe_reset builds its next root without TensorDict's generic path
         self._flat_keys = all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
         self._not_carried = {"next", "_step", *replaced}
+        self._flat_keys = self._flat_keys and self._copy_next_leaves is not None
         # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
         self._root_keys = list(self._root.keys())
         self._root_from_next = self._flat_keys and set(self._root_keys) <= set(self._next.keys())
@@ -156,7 +159,11 @@ class BatchedEnv(Forwarding, EnvBase):
         :attr:`action_buffers`; the results are in :attr:`next_buffer` and :attr:`root_buffer` (where an env
         ended, it was reset, and a later ``reset`` with a ``"_reset"`` mask covering it returns that observation
         without resetting it again). With ``mask``, the rows of the other envs are left as they were."""
-        self._used = True
+        self._step_envs(mask)
+
+    def _step_envs(self, mask: np.ndarray | None) -> None:
+        if not self._used:  # (a module attribute: setting it every step would cost more than the test)
+            self._used = True
         self._keep_objects(self._run_step(mask))
         self._after_step(mask)
 
@@ -281,20 +288,21 @@ class BatchedEnv(Forwarding, EnvBase):
         reset observation where an env ended, with the input's other keys carried over).
         """
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
-        self.step_in_place(tensordict, mask)
+        self._step_in_place(tensordict, mask)
         self._pending_reset[:] = False
+        if self._flat_keys and mask is None:  # the common case, built without TensorDict's generic paths
+            leaves = self._copy_next_leaves()
+            tensordict.set("next", TensorDict._new_unsafe(leaves, batch_size=self._next_batch))
+            if self._root_from_next and not self._next_done.any():
+                next_root = TensorDict._new_unsafe({key: leaves[key] for key in self._root_keys},
+                                                   batch_size=self._next_batch)
+            else:
+                next_root = self._copy_root()
+            return tensordict, self._carried(tensordict, next_root)
         out = self._next_output(tensordict, mask)
         tensordict.set("next", out)
         if self._flat_keys:  # the fresh root, plus the input's other entries (e.g. a policy's outputs), shared
-            if mask is None and self._root_from_next and not self._next_done.any():
-                next_root = TensorDict._new_unsafe({key: out.get(key) for key in self._root_keys},
-                                                   batch_size=out.batch_size)
-            else:
-                next_root = self._copy_root()
-            for key in tensordict.keys():
-                if key not in self._not_carried:
-                    next_root.set(key, tensordict.get(key))
-            return tensordict, next_root
+            return tensordict, self._carried(tensordict, self._copy_root())
         next_root = tensordict.exclude("next", "_step", *self.action_keys, *self.reward_keys)
         if any(isinstance(value, TensorDictBase) for value in next_root.values()):
             # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
@@ -303,13 +311,23 @@ class BatchedEnv(Forwarding, EnvBase):
         next_root.update(self._with_objects(self._copy_root(), "root"))
         return tensordict, next_root
 
+    def _carried(self, tensordict: TensorDictBase, next_root: TensorDictBase) -> TensorDictBase:
+        """``next_root`` (flat keys) with the input's other entries (e.g. a policy's outputs), shared."""
+        for key in tensordict.keys():
+            if key not in self._not_carried:
+                next_root.set(key, tensordict.get(key))
+        return next_root
+
     @one_thread
     def step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None = None) -> None:
         """The lean step: copy the actions in (checked), step every env (or those where ``mask`` is True),
         leave the results in the buffers."""
+        self._step_in_place(tensordict, mask)
+
+    def _step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None) -> None:
         self._ensure_open()
-        self.write_actions(tensordict)
-        self.step_buffers(mask)
+        self._write_actions(tensordict)
+        self._step_envs(mask)
 
     @one_thread
     def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
@@ -317,6 +335,9 @@ class BatchedEnv(Forwarding, EnvBase):
 
         Raises ``ValueError`` naming the key and the expected shape/dtype when an action does not fit.
         """
+        self._write_actions(tensordict, check)
+
+    def _write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
         values = self.checked_actions(tensordict, self.num_envs, self._value_checks, check)
         for (_, buffer, _), value in zip(self._action_slots, values):
             buffer.copy_(value.detach())  # (an action that requires grad must not tie the buffers to its graph)
