@@ -182,31 +182,8 @@ class BatchedEnv(Forwarding, EnvBase):
     def staging_buffers(self) -> TensorDictBase | None:
         """Two more copies of the root and next buffers, batch ``[2, num_envs, *B]`` (keys ``"root"``, ``"next"``),
         that staged steps copy their results into; None when this env cannot pipeline its steps (only a
-        ParallelEnv whose envs have tensor entries only can)."""
+        ParallelEnv whose envs have tensor entries only can: see ``ParallelEnv.start_staged_step``)."""
         return None
-
-    @one_thread
-    def start_staged_step(self, parity: int) -> None:
-        """Start a step of every env with the actions in :attr:`action_buffers` and return at once: this process
-        can read step ``t - 1`` in staging copy ``1 - parity`` while the workers run step ``t``. Nothing else may
-        be done with this env (its buffers included) until :meth:`finish_staged_step`."""
-        self._used = True
-        self._run_start_staged(parity)
-
-    @one_thread
-    def finish_staged_step(self, parity: int) -> bool:
-        """Wait for the step :meth:`start_staged_step` started; then as after :meth:`step_buffers`. True: its
-        results are in staging copy ``parity`` (and in the buffers); False: read them in the buffers only (a
-        failed worker was replaced during the step, see ``max_restarts``)."""
-        staged = self._run_finish_staged(parity)
-        self._after_step(None)
-        return staged
-
-    def _run_start_staged(self, parity: int) -> None:
-        raise NotImplementedError
-
-    def _run_finish_staged(self, parity: int) -> bool:
-        raise NotImplementedError
 
     def keep_pending_resets(self) -> None:
         """Remember which envs ended in the last step: their reset observation sits in the root buffer and
@@ -259,6 +236,18 @@ class BatchedEnv(Forwarding, EnvBase):
                     if value is not None:
                         out.set(key, value)
         return out
+
+    @one_thread
+    def step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """``EnvBase.step``. Its common case (flat keys, the env's batch size, no ``"_step"`` or ``"next"`` entry
+        in the input, no ``run_type_checks``) goes without ``EnvBase``'s generic processing, which would leave the
+        step as it is: the buffers already hold every done key, in the spec's shapes."""
+        keys = tensordict.keys()
+        if (not self._flat_keys or self.run_type_checks or tensordict.batch_size != self._next_batch
+                or "_step" in keys or "next" in keys):
+            return super().step(tensordict)
+        self._step_in_place(tensordict, None)
+        return tensordict.set("next", TensorDict._new_unsafe(self._copy_next_leaves(), batch_size=self._next_batch))
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
@@ -401,7 +390,7 @@ class BatchedEnv(Forwarding, EnvBase):
         self._shutdown()
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
         self._step_buffers = self._root = self._next = self._next_done = None
-        self._copy_root = self._copy_next = self._done_leaves = None  # they hold views of the buffers too
+        self._copy_root = self._copy_next = self._copy_next_leaves = self._done_leaves = None  # buffer views too
         self._action_slots = []
         if "recycler" in self.__dict__:
             self.recycler.clear()

@@ -9,6 +9,7 @@ import torch
 from .batched import BatchedEnv
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
+from .one_thread import one_thread
 from .platform_policy import CALLER_THREADS, exit_if_bootstrapping, fits_cores, resolve_start_method
 from .pool import WorkerPool
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
@@ -211,21 +212,33 @@ class ParallelEnv(BatchedEnv):
             self._staging_generation = generation
         return self._staging
 
-    def _run_start_staged(self, parity: int) -> None:
+    @one_thread
+    def start_staged_step(self, parity: int) -> None:
+        """Start a step of every env with the actions in :attr:`action_buffers` and return at once: this process
+        can read step ``t - 1`` in staging copy ``1 - parity`` while the workers run step ``t``. Nothing else may
+        be done with this env (its buffers included) until :meth:`finish_staged_step`."""
+        if not self._used:
+            self._used = True
         self._pool.check_open()  # closed from another thread: an error, never a restart in mid-rollout
         self._bound_staging()  # a worker replaced since the last staged step needs the staging copies
         self._pool.send(STAGED_STEP[parity], range(self.num_workers))
 
-    def _run_finish_staged(self, parity: int) -> bool:
+    @one_thread
+    def finish_staged_step(self, parity: int) -> bool:
+        """Wait for the step :meth:`start_staged_step` started; then as after :meth:`step_buffers`. True: its
+        results are in staging copy ``parity`` (and in the buffers); False: read them in the buffers only (a
+        failed worker was replaced during the step, see ``max_restarts``)."""
         try:
             self._pool.wait(range(self.num_workers), STAGED_STEP[parity])
-            return True
+            staged = True
         except WorkerError as err:
             self._recover(err, stepping=True)  # raises unless the failed workers were replaced
-            return False
+            staged = False
         except KeyboardInterrupt:
             self.close()
             raise
+        self._after_step(None)
+        return staged
 
     def _run_and_gather(self, code: int, workers: list[int]) -> list | None:
         """Run ``code`` on ``workers``; with non-tensor entries, gather what they answered with, as

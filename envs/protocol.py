@@ -52,7 +52,7 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
 ``STAGED_STEP[p]``  ParallelEnv: ``STEP``, then copy its rows of ``buffers["root"]`` and
                     ``buffers["next"]`` into staging copy ``p`` (0 or 1), which it was given by
                     ``CALL bind_staging``: the main process reads step ``t`` there while the workers
-                    run step ``t + 1`` (pipelined rollouts, see ``BatchedEnv.start_staged_step``)
+                    run step ``t + 1`` (pipelined rollouts, see ``ParallelEnv.start_staged_step``)
 ``RESET``           ParallelEnv: reset its envs whose ``reset_mask`` row is True (seeded if a seed
                     is pending)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions

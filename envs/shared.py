@@ -257,7 +257,7 @@ def numpy_tree(td: TensorDictBase) -> dict:
 def allocate_staging(buffers: TensorDictBase) -> TensorDict:
     """Two copies of the ``"root"`` and ``"next"`` buffers in shared memory, batch ``[2, num_envs, *B]``: after a
     staged step, each worker copies its rows of the step's results into copy ``t % 2``, so that the main process
-    can read step ``t`` while the workers run step ``t + 1`` (see ``BatchedEnv.start_staged_step``)."""
+    can read step ``t`` while the workers run step ``t + 1`` (see ``ParallelEnv.start_staged_step``)."""
     results = buffers.select("root", "next")
     return in_shared_memory(torch.stack([results, results]).clone(), "the pipelined rollout's staging buffers")
 
