@@ -120,22 +120,29 @@ def test_workers_made_in_a_thread_still_exit_when_the_main_process_is_killed(tmp
         proc.kill()
 
 
+def at_the_gate(folder, call, errors: list) -> threading.Thread:
+    """A started thread that runs ``call()`` once the ``GatedEnv`` in ``folder`` entered its gated step (this
+    thread's step is then under way), keeps the ``RuntimeError`` it raises in ``errors``, then opens the gate."""
+    def run():
+        try:
+            wait_for_file(str(folder / "entered"))
+            call()
+        except RuntimeError as exc:
+            errors.append(exc)
+        finally:
+            (folder / "open").touch()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def test_two_threads_stepping_one_env_are_refused(tmp_path, no_leaks):
     """The other thread calls while this one's step is under way: the env's 2nd step waits at a gate that the
     other thread opens after its call (no timing)."""
     errors = []
     with ParallelEnv(1, functools.partial(GatedEnv, str(tmp_path)), mp_start_method="fork") as env:
-        def other_thread():
-            try:
-                wait_for_file(str(tmp_path / "entered"))
-                env.rollout(2)
-            except RuntimeError as exc:
-                errors.append(exc)
-            finally:
-                (tmp_path / "open").touch()
-
-        thread = threading.Thread(target=other_thread)
-        thread.start()
+        thread = at_the_gate(tmp_path, lambda: env.rollout(2), errors)
         rollout = env.rollout(5, break_when_any_done=False)
         thread.join()
     assert rollout.batch_size == (1, 5)
@@ -147,17 +154,7 @@ def test_two_threads_iterating_one_collector_are_refused(tmp_path, no_leaks):
     errors = []
     with MultiSyncCollector([functools.partial(GatedEnv, str(tmp_path))], frames_per_batch=4, total_frames=8,
                             mp_start_method="fork") as collector:
-        def other_thread():
-            try:
-                wait_for_file(str(tmp_path / "entered"))  # the first batch is being collected
-                next(iter(collector))
-            except RuntimeError as exc:
-                errors.append(exc)
-            finally:
-                (tmp_path / "open").touch()
-
-        thread = threading.Thread(target=other_thread)
-        thread.start()
+        thread = at_the_gate(tmp_path, lambda: next(iter(collector)), errors)  # during the first batch
         batches = list(collector)
         thread.join()
     assert len(batches) == 2
