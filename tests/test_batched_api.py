@@ -318,6 +318,30 @@ def test_public_step_does_not_alias_buffers(kind, no_leaks):
         assert torch.equal(first[:, 0], torch.tensor([1.0, 1.0]))
 
 
+def test_step_gives_what_torchrl_s_generic_step_gives(kind, no_leaks):
+    """step()'s common case skips EnvBase.step's generic processing: the same keys, values and dtypes as through
+    it, over an episode end, and never views of the buffers."""
+    from torchrl.envs import EnvBase
+
+    runs = []
+    with batched(kind, 1, functools.partial(CountingEnv, episode_len=2), envs_per_worker=2) as env:
+        for step in (env.step, functools.partial(EnvBase.step, env)):
+            env.set_seed(3)
+            td, steps = env.reset(), []
+            for action in ([1, 2], [2, 0]):
+                out = step(td.set("action", torch.tensor(action)))
+                steps.append(out.clone())
+                td = out["next"].exclude("reward").clone()
+            runs.append(steps)
+            buffer = env.next_buffer["observation"]
+            assert out["next", "observation"].untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+    for ours, torchrl in zip(*runs):
+        assert set(ours.keys(True, True)) == set(torchrl.keys(True, True))
+        assert all(ours[key].dtype == torchrl[key].dtype for key in ours.keys(True, True))
+        assert (ours == torchrl).all()
+    assert runs[0][1]["next", "done"].all(), "the second step ends the episodes"
+
+
 def test_the_next_root_shares_the_steps_entries_unless_an_env_ended(kind, no_leaks):
     """After a step where no env ended, the next root's observation and flags are the step's "next" tensors (as
     TorchRL's step_mdp shares them: one copy of a frame, not two), never views of the buffers; where an env ended,
