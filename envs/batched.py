@@ -92,10 +92,10 @@ class BatchedEnv(Forwarding, EnvBase):
         self._copy_next_leaves = self.recycler.leaf_copier(self._next)  # step_and_maybe_reset's flat path
         self._next_batch = self._next.batch_size
         replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
-        # with only top-level keys, step_and_maybe_reset builds its next root without TensorDict's generic path
-        self._flat_keys = all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
+        # with only top-level keys, step and step_and_maybe_reset build their outputs without TensorDict's generic path
+        self._flat_keys = (all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
+                           and self._copy_next_leaves is not None)
         self._not_carried = {"next", "_step", *replaced}
-        self._flat_keys = self._flat_keys and self._copy_next_leaves is not None
         # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
         self._root_keys = list(self._root.keys())
         self._root_from_next = self._flat_keys and set(self._root_keys) <= set(self._next.keys())
@@ -162,10 +162,14 @@ class BatchedEnv(Forwarding, EnvBase):
         self._step_envs(mask)
 
     def _step_envs(self, mask: np.ndarray | None) -> None:
-        if not self._used:  # (a module attribute: setting it every step would cost more than the test)
-            self._used = True
+        self._mark_used()
         self._keep_objects(self._run_step(mask))
         self._after_step(mask)
+
+    def _mark_used(self) -> None:
+        """Note that the envs were stepped since this start (see ``update_kwargs``)."""
+        if not self._used:  # (a module attribute: setting it every step would cost more than the test)
+            self._used = True
 
     def _after_step(self, mask: np.ndarray | None) -> None:
         if self.check_values:
@@ -247,7 +251,7 @@ class BatchedEnv(Forwarding, EnvBase):
                 or "_step" in keys or "next" in keys):
             return super().step(tensordict)
         self._step_in_place(tensordict, None)
-        return tensordict.set("next", TensorDict._new_unsafe(self._copy_next_leaves(), batch_size=self._next_batch))
+        return tensordict.set("next", self._copy_next())
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)

@@ -217,8 +217,7 @@ class ParallelEnv(BatchedEnv):
         """Start a step of every env with the actions in :attr:`action_buffers` and return at once: this process
         can read step ``t - 1`` in staging copy ``1 - parity`` while the workers run step ``t``. Nothing else may
         be done with this env (its buffers included) until :meth:`finish_staged_step`."""
-        if not self._used:
-            self._used = True
+        self._mark_used()
         self._pool.check_open()  # closed from another thread: an error, never a restart in mid-rollout
         self._bound_staging()  # a worker replaced since the last staged step needs the staging copies
         self._pool.send(STAGED_STEP[parity], range(self.num_workers))
