@@ -8,7 +8,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from torchrl.data import StackedComposite
 from torchrl.envs import EnvBase
 
-from tdcollect.envs import SerialEnv
+from tdcollect.envs.serial import SerialEnv
 from tdcollect.envs.errors import SpecMismatchError
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs, is_env_instance
 from tdcollect.envs.shared import EnvSpecs, unbufferable

@@ -1,0 +1,66 @@
+"""Run gymnasium's own vector tests with tdcollect's ``ParallelVectorEnv`` in place of ``AsyncVectorEnv``.
+
+    python .ci/gymnasium_suite/run.py --tests ../shared/gymnasium-tests [--reference]
+
+``--tests``: a folder holding gymnasium's ``tests/`` (``tests/vector`` and the helpers it imports), e.g. the pinned
+copy in ``../shared/gymnasium-tests``; gymnasium itself is the installed one. Every test of ``tests/vector`` runs
+(``swap_plugin.py`` swaps the class); the gate counts the tests that construct an ``AsyncVectorEnv`` (ours, under
+that name) and fails on any failure, in those or the others, not listed in ``expected_failures.txt`` (``<node id
+prefix>  # reason`` per line). Listed tests that now pass are reported, to be removed from the list.
+``--reference`` runs gymnasium's own class instead (the same count, for comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def expected_failures() -> dict[str, str]:
+    """``{node id prefix: reason}`` from ``expected_failures.txt``."""
+    lines = (HERE / "expected_failures.txt").read_text().splitlines()
+    return {prefix.strip(): reason.strip() for prefix, _, reason in
+            (line.partition("#") for line in lines if line.strip() and not line.startswith("#"))}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tests", required=True, help="a folder holding gymnasium's tests/ folder")
+    parser.add_argument("--reference", action="store_true", help="run gymnasium's own AsyncVectorEnv instead")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "outcomes"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+                   GYMSWAP="gymnasium" if args.reference else "ours", GYMSWAP_RECORD=str(record))
+        command = [sys.executable, "-m", "pytest", "-p", "swap_plugin", "-p", "no:cacheprovider", "-p", "no:warnings",
+                   "-q", "-rfE", "--timeout", "120", "--tb=line", "-n", "2", "tests/vector"]
+        run = subprocess.run(command, cwd=args.tests, env=env, capture_output=True, text=True)
+        outcomes: dict[str, str] = {}
+        for part in Path(tmp).glob("outcomes.*"):
+            outcomes.update(json.loads(part.read_text()))
+    print(run.stdout[-3000:], run.stderr[-2000:])
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.MULTILINE)))
+    expected = {} if args.reference else expected_failures()
+    unexpected = [test for test in failed if not any(test.startswith(prefix) for prefix in expected)]
+    fixed = [prefix for prefix in expected if not any(test.startswith(prefix) for test in failed)]
+    counts = Counter(outcomes.values())
+    print(f"gymnasium vector suite gate ({'gymnasium' if args.reference else 'ours'}): {len(outcomes)} tests construct "
+          f"an AsyncVectorEnv: {counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed; "
+          f"{len(unexpected)} unexpected failures ({len(failed)} failed in all, {len(expected)} listed expected)")
+    for test in unexpected:
+        print("UNEXPECTED", test)
+    for prefix in fixed:
+        print("NOW PASSES", prefix)
+    return 1 if unexpected or not counts["passed"] else 0  # nothing run (a missing folder) fails the gate too
+
+
+if __name__ == "__main__":
+    sys.exit(main())
