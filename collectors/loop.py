@@ -9,7 +9,7 @@ done flags); time is the last batch dim.
 
 With a tdcollect ``BatchedEnv`` (SerialEnv / ParallelEnv) a step is lean and goes through the env's buffer
 API only: the policy reads the env's root buffer, its actions are copied into the env's action buffers, and
-the env's step buffers are copied into the storage by a :class:`~tdcollect.envs.recorder.StepRecorder`; a
+the env's step buffers are copied into the storage by a :class:`~tdcollect.envs.rollout.StepRecorder`; a
 plain ``TensorDictModule`` policy (``DirectModule``) is called on the buffer tensors themselves, so no
 TensorDict is built per step. Any other TorchRL env goes through ``step_and_maybe_reset``.
 Processes that only collect (the collector workers) pass ``inference_mode=True`` (``torch.inference_mode``,
@@ -26,7 +26,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdcollect.envs.actions import in_spec_shape
 from tdcollect.envs.batched import BatchedEnv
-from tdcollect.envs.recorder import StepRecorder
+from tdcollect.envs.rollout import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite
 

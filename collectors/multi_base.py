@@ -23,14 +23,13 @@ from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.specs import agreed_specs
 
 from .base import CollectorBase
-from .env_setup import check_same_entries, prepare_workers
 from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
 from .options import one_device, per_worker_frames, rounded_steps, torchrl_options
 from .policies import UNWRAPPABLE
 from .preemption import StopFlag, checked_threshold
 from .remote_calls import WorkerCalls
 from .weights import SharedWeights, policy_weights_of, requested_weights
-from .worker import run_collector_worker
+from .worker import check_same_entries, prepare_workers, run_collector_worker
 
 
 class StorageHandshake:

@@ -52,9 +52,9 @@ from tdcollect.envs.protocol import error_report, worker_error
 from tdcollect.envs.specs import check_same_specs
 
 from .base import CollectorBase
-from .env_setup import build_worker, check_same_entries, prepare_workers, worker_specs
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .weights import policy_weights_of
+from .worker import build_worker, check_same_entries, prepare_workers, worker_specs
 
 OWNER = "RayCollector"
 

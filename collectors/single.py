@@ -9,7 +9,6 @@ from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
 from .base import CollectorBase
-from .env_setup import check_env_device, make_batched_env
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
 from .policies import make_policy, one_policy, policy_module
@@ -19,6 +18,7 @@ from .remote_calls import LocalCalls
 from .stacked import reshape_leading
 from .stats import TRAJ_KEY
 from .weights import policy_weights_of, requested_weights
+from .worker import check_env_device, make_batched_env
 
 
 class Collector(LocalCalls, CollectorBase):

@@ -1,5 +1,6 @@
 """Batched TorchRL envs: ``SerialEnv`` (one process), ``ParallelEnv`` (worker processes, shared memory) and
 ``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping)."""
+from . import view  # noqa: F401 - env[...] of a ParallelEnv: view.py sets ParallelEnv.view_class
 from .async_parallel import AsyncParallelEnv
 from .errors import (
     ArgumentError,

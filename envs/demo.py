@@ -11,7 +11,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from tdcollect.envs import ParallelEnv
+from tdcollect.envs.parallel import ParallelEnv
 
 
 def cartpole():

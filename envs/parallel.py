@@ -7,12 +7,13 @@ import numpy as np
 import torch
 
 from .batched import BatchedEnv
+from .env_worker import run_env_worker
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .one_thread import one_thread
 from .platform_policy import CALLER_THREADS, exit_if_bootstrapping, fits_cores, resolve_start_method
 from .pool import WorkerPool
-from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP, run_env_worker
+from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP
 from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
 from .specs import agreed_specs
 
@@ -269,12 +270,14 @@ class ParallelEnv(BatchedEnv):
         raise RuntimeError(f"{self.owner}: workers were replaced twice while answering a call to {path}.")
 
     # ----------------------------------------------------------------- indexing (see view.py)
+    #: the class of the views ``env[...]`` returns, ``view_class(parent, item)``: view.py's ``WorkerView``, which
+    #: builds on this module and sets it here when imported (this module does not import it: no circle)
+    view_class: type | None = None
+
     def __getitem__(self, item) -> ParallelEnv:
         """``env[i]``, ``env[1:3]``, ``env[[0, 2]]``: a live view of those workers (see ``view.py``)."""
-        from .view import WorkerView, worker_indices  # view.py builds on this module
-
         self._ensure_open()
-        return WorkerView(self, worker_indices(item, self.num_workers))
+        return self.view_class(self, item)
 
     def __setitem__(self, item, value) -> None:
         raise NotImplementedError(

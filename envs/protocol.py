@@ -1,8 +1,9 @@
 """The worker protocol: every command, status code and message between the main process and a worker,
-the start-up handshake, the worker's serving loop, and the ParallelEnv worker itself.
+the start-up handshake, the worker's serving loop (:class:`WorkerChannel`) and the wait strategy (:class:`Wait`).
+It imports nothing of this package but its errors: the bottom of the engine.
 
-Two kinds of workers speak it: ParallelEnv workers (:func:`run_env_worker`, below) and MultiSyncCollector
-workers (``collectors/worker.py``). The main side is :class:`~tdcollect.envs.pool.WorkerPool`.
+Two kinds of workers speak it: ParallelEnv workers (``env_worker.py``) and MultiSyncCollector workers
+(``collectors/worker.py``). The main side is :class:`~tdcollect.envs.pool.WorkerPool`.
 
 Channels
 ========
@@ -27,7 +28,7 @@ Start-up handshake (the same for a first start and for a restart)
 ===========================  =============================================  ===============================
 worker                       info / payload / reply                         shared buffers
 ===========================  =============================================  ===============================
-ParallelEnv (this module)    EnvSpecs of its envs / ``(buffers,             ``buffers`` [num_envs] (see
+ParallelEnv (env_worker.py)  EnvSpecs of its envs / ``(buffers,             ``buffers`` [num_envs] (see
                              reset_mask, step_mask)`` / its pid             ``shared.py``; worker ``w`` uses
                                                                             rows ``first:first+k``);
                                                                             ``reset_mask`` bool [num_envs,
@@ -230,62 +231,6 @@ class WorkerChannel:
             if reply is not None:  # after done: a reply larger than the pipe's buffer waits for the main process
                 self.conn.send(reply)
             wait.start()
-
-
-class EnvWorkerCalls:
-    """What ``CALL`` reaches in a ParallelEnv worker: its :class:`EnvGroup`'s methods, and ``bind_staging``."""
-
-    def __init__(self, group, buffers):
-        self.group, self.buffers = group, buffers  # buffers: the worker's rows
-        self.stages: list = []
-
-    def bind_staging(self, staging, rows: slice) -> None:
-        """Take ``staging`` (see ``shared.allocate_staging``) for ``STAGED_STEP``; this worker's rows are ``rows``."""
-        from .shared import StageCopy
-
-        self.stages = [StageCopy(self.buffers, staging[p][rows]) for p in (0, 1)]
-
-    def staged_step(self, parity: int):
-        objects = self.group.step()
-        self.stages[parity].copy()
-        return objects
-
-    def __getattr__(self, name):
-        return getattr(self.group, name)
-
-
-def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, threads: int = 1) -> None:
-    """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor)
-    here, in this process, with ``threads`` torch threads, then serves ``STEP``, ``STAGED_STEP``, ``RESET`` and
-    ``CALL`` (to its :class:`EnvWorkerCalls`)."""
-    from .group import EnvGroup
-
-    channel.start()
-    torch.set_num_threads(threads)
-    try:
-        group = EnvGroup([factory] * envs_per_worker, owner="ParallelEnv", first_index=first_env)
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the main process
-        channel.fail_start(exc)
-    try:
-        setup = channel.hello(group.specs)
-        if setup is None:
-            return
-        buffers, reset_mask, step_mask = setup
-        rows = slice(first_env, first_env + envs_per_worker)
-        try:
-            group.bind(buffers[rows])
-        except BaseException as exc:  # noqa: BLE001 - reported to the main process
-            channel.fail_start(exc, "start-up")
-        resets, steps = reset_mask[rows].numpy(), step_mask[rows].numpy()
-        calls = EnvWorkerCalls(group, buffers[rows])
-        if channel.ready(os.getpid()):
-            channel.serve({STEP: group.step, PARTIAL_STEP: lambda: group.step(steps),
-                           STAGED_STEP[0]: lambda: calls.staged_step(0), STAGED_STEP[1]: lambda: calls.staged_step(1),
-                           RESET: lambda: group.reset(resets)}, calls)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass  # the main process went away
-    finally:
-        group.close()
 
 
 #: How long before the shortest recent wait a side stops sleeping and starts polling: a timed sleep ends up to

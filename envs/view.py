@@ -45,7 +45,8 @@ class WorkerView(ParallelEnv):
     batched env (see the module docstring). A ``ParallelEnv`` to ``isinstance``, it starts no process: every hook
     goes through the parent."""
 
-    def __init__(self, parent, workers: list[int]):
+    def __init__(self, parent, item):
+        workers = worker_indices(item, parent.num_workers)
         k = parent.envs_per_worker
         rows = np.concatenate([np.arange(w * k, (w + 1) * k) for w in workers])
         buffers = allocate_buffers(parent._env_specs, len(rows), shared=False)
@@ -127,3 +128,6 @@ class WorkerView(ParallelEnv):
     def _ensure_open(self) -> None:
         self._check_parent()
         super()._ensure_open()
+
+
+ParallelEnv.view_class = WorkerView

@@ -87,10 +87,10 @@ def test_an_error_in_this_process_waits_for_the_step_in_flight(monkeypatch, no_l
     with ParallelEnv(2, FrameCountingEnv, pipeline=True) as env:
         env.set_seed(0)
         env.rollout(4, break_when_any_done=False)
-        from tdcollect.envs import recorder
+        from tdcollect.envs.rollout import StepRecorder
 
         calls = {"n": 0}
-        real = recorder.StepRecorder.record_next
+        real = StepRecorder.record_next
 
         def failing(self, t):
             calls["n"] += 1
@@ -98,7 +98,7 @@ def test_an_error_in_this_process_waits_for_the_step_in_flight(monkeypatch, no_l
                 raise MemoryError("no room for the copy")
             return real(self, t)
 
-        monkeypatch.setattr(recorder.StepRecorder, "record_next", failing)
+        monkeypatch.setattr(StepRecorder, "record_next", failing)
         with pytest.raises(MemoryError):
             env.rollout(10, break_when_any_done=False)
         monkeypatch.undo()
