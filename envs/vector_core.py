@@ -27,8 +27,8 @@ from . import vector_worker
 from .errors import EnvWorkerError, SpecMismatchError, WorkerError
 from .factories import check_factory
 from .parallel import ParallelEnv
-from .vector_layout import Actions, Observations
-from .vector_worker import RESET, Mailbox, WorkerFactory
+from .vector_layout import Actions, Observations, PickledActions, PickledObservations
+from .vector_worker import FINAL, NEXT_OBS, RESET, ROOT_OBS, STEP, Mailbox, WorkerFactory, travels_pickled
 
 
 class SpaceMismatchError(SpecMismatchError, RuntimeError):
@@ -132,10 +132,12 @@ class EngineWorkers:
 class EngineCore:
     """The envs of ``env_fns`` in ``num_workers`` processes of ``envs_per_worker`` envs each (env ``i`` in worker
     ``i // envs_per_worker``), stepped with autoreset ``mode`` (``vector_worker.SAME_STEP`` / ``NEXT_STEP`` /
-    ``DISABLED``).
+    ``DISABLED``). ``pickled`` (None, ``"fixed"`` or ``"any"``): which spaces the buffers cannot hold travel
+    pickled instead of being refused (``vector_worker.travels_pickled``).
 
     Attributes: ``num_envs``; ``spaces`` (per env: ``{"observation_space", "action_space", "metadata",
-    "render_mode"}``, asked from the workers); ``observations`` (:class:`~.vector_layout.Observations`);
+    "render_mode"}``, asked from the workers); ``observations`` (:class:`~.vector_layout.Observations`, or
+    :class:`~.vector_layout.PickledObservations`); ``actions`` (their writer);
     ``reward``, ``terminated``, ``truncated`` (numpy views ``[num_envs]`` of the last step's results);
     ``done`` (bool ``[num_envs]``).
     """
@@ -143,7 +145,7 @@ class EngineCore:
     def __init__(self, env_fns: Sequence[Callable], *, owner: str, mode: str, num_workers: int | None = None,
                  envs_per_worker: int | None = None, start_method: str | None = None, timeout: float = 120.0,
                  max_restarts: int = 0, spin_s: float | None = None, raw_final: bool = False,
-                 patch: Callable | None = None, check_values: bool = False):
+                 patch: Callable | None = None, check_values: bool = False, pickled: str | None = None):
         if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence) or not env_fns:
             raise TypeError(f"{owner} takes a non-empty list of env constructors, one per env, got {env_fns!r}.")
         fns = list(env_fns)
@@ -155,7 +157,7 @@ class EngineCore:
         self.token = uuid.uuid4().hex
         self.mailbox = Mailbox.create(self.num_envs)
         factories = [WorkerFactory(self.token, w, w * k, fns[w * k : (w + 1) * k], mode, self.mailbox.address,
-                                   raw_final, patch) for w in range(workers)]
+                                   raw_final, patch, pickled) for w in range(workers)]
         try:
             self.engine = engine_class(owner)(
                 workers, factories, envs_per_worker=k, mp_start_method=check_start_method(start_method, owner),
@@ -173,10 +175,14 @@ class EngineCore:
         self._finalizer = weakref.finalize(self, _shut_down, self.engine, self.mailbox)
         try:
             self.spaces = self.request("spaces", range(self.num_envs))
-            engine = self.engine
-            self.observations = Observations(self.spaces[0]["observation_space"], engine.root_buffer,
-                                             engine.next_buffer)
-            self.actions = Actions(self.spaces[0]["action_space"], engine.action_buffers, self.num_envs)
+            engine, observation_space, action_space = (
+                self.engine, self.spaces[0]["observation_space"], self.spaces[0]["action_space"])
+            self.observations = (PickledObservations(observation_space, self.num_envs)
+                                 if travels_pickled(observation_space, pickled) else
+                                 Observations(observation_space, engine.root_buffer, engine.next_buffer))
+            self.actions = (PickledActions(action_space, self.num_envs, self._send_actions)
+                            if travels_pickled(action_space, pickled) else
+                            Actions(action_space, engine.action_buffers, self.num_envs))
             self.reward, self.terminated, self.truncated = (
                 engine.next_buffer.get(key).numpy()[:, 0] for key in ("reward", "terminated", "truncated"))
             self.done = engine.next_done
@@ -194,10 +200,18 @@ class EngineCore:
         """Check ``actions`` (a batch in the structure of the action space) and copy them into the buffers."""
         self.actions.write(actions)
 
+    def _send_actions(self, per_env: list) -> None:
+        self.request("set_action", range(self.num_envs), [(action,) for action in per_env])
+
     def step(self) -> None:
         """Step every env with the actions written; results in the buffers and the mailbox."""
         with self._translated():
             self.engine.step_buffers()
+        self._take_observations()
+
+    def _take_observations(self) -> None:
+        if isinstance(self.observations, PickledObservations):
+            self.observations.update(self._take(NEXT_OBS, ROOT_OBS + 1))
 
     def reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence) -> None:
         """Reset every env (``mask`` None) or those where ``mask`` (bool ``[num_envs]``) is True; env ``i`` with
@@ -216,6 +230,7 @@ class EngineCore:
                 else:
                     reset = torch.as_tensor(np.asarray(mask, dtype=bool)).reshape(self.num_envs, 1)
                     self.engine.reset(TensorDict({"_reset": reset}, batch_size=[self.num_envs]))
+            self._take_observations()
         finally:
             if self.mailbox.control is not None:
                 self.mailbox.control[:] = 0
@@ -223,20 +238,24 @@ class EngineCore:
     def take_posts(self) -> list[dict] | None:
         """What the envs posted since the last call: ``[step infos, reset infos, final observations]``, each
         ``{env index: value}``; None when nothing was posted (the common case: one check of the lengths)."""
-        lengths = self.mailbox.lengths
+        return self._take(STEP, FINAL + 1)
+
+    def _take(self, first: int, stop: int) -> list[dict] | None:
+        """The posts of kinds ``first`` to ``stop - 1`` (one ``{env index: value}`` per kind), then forgotten."""
+        lengths = self.mailbox.lengths[:, first:stop]
         if not lengths.any():
             return None
-        posts: list[dict] = [{}, {}, {}]
+        posts: list[dict] = [{} for _ in range(stop - first)]
         overflow = []
         for i, kind in np.argwhere(lengths).tolist():
             size = int(lengths[i, kind])
             if size > 0:
-                posts[kind][i] = self.mailbox.read(i, kind, size)
+                posts[kind][i] = self.mailbox.read(i, first + kind, size)
             else:
                 overflow.append((i, kind))
         lengths[:] = 0
         if overflow:
-            values = self.request("overflow", [i for i, _ in overflow], [(kind,) for _, kind in overflow])
+            values = self.request("overflow", [i for i, _ in overflow], [(first + kind,) for _, kind in overflow])
             for (i, kind), value in zip(overflow, values):
                 posts[kind][i] = value
         return posts

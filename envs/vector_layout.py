@@ -1,17 +1,21 @@
 """Numpy in and out of the step buffers for the vector facades: observations read in the structure of a gym
 space, actions checked and written.
 
-Buffer keys (``vector_worker.engine_space`` decides them): a plain observation space lives under
+Spaces the buffers cannot hold travel pickled instead when the facade allows it (``shared_memory=False``):
+:class:`PickledObservations` keeps each env's last posted observation, :class:`PickledActions` sends each env's
+action with a call. Buffer keys (``vector_worker.engine_space`` decides them): a plain observation space lives under
 ``"observation"``; a ``Dict``/``Tuple`` one under ``("obs", ...)`` with the space's keys (``"0"``, ``"1"``, ... for a
 ``Tuple``). Actions live under ``"action"`` (``("action", key, ...)`` for ``Dict``/``Tuple`` spaces), with the
 ``start`` of ``Discrete``/``MultiDiscrete`` spaces removed (the workers add it back).
 """
 from __future__ import annotations
 
+import copy as copying
 from collections.abc import Mapping
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from tensordict import TensorDictBase
 
 from .shared import key_tuple, numpy_view
@@ -34,6 +38,51 @@ class Observations:
     def row(self, which: str, i: int):
         """Env ``i``'s observation in buffer ``which`` (a copy)."""
         return _read(self._trees[which], i, True)
+
+
+class PickledObservations:
+    """The same interface as :class:`Observations` for a space the buffers cannot hold: each env's last
+    observation as its env posted it (pickled, ``vector_worker.NEXT_OBS`` / ``ROOT_OBS``), batched as gymnasium
+    batches such a space (``concatenate``: a tuple with one entry per env)."""
+
+    def __init__(self, space: spaces.Space, num_envs: int):
+        self.space, self.num_envs = space, num_envs
+        self._last = {"root": [None] * num_envs, "next": [None] * num_envs}
+
+    def update(self, posts: list[dict] | None) -> None:
+        """Take ``[{env: observation from a step}, {env: observation from a reset}]``: an env reset in a step
+        (autoreset, or a restarted worker) has the reset one as ``"root"``; without a step, as ``"next"`` too."""
+        if posts is None:
+            return
+        stepped, reset = posts
+        for i, obs in stepped.items():
+            self._last["next"][i] = self._last["root"][i] = obs
+        for i, obs in reset.items():
+            self._last["root"][i] = obs
+            if i not in stepped:
+                self._last["next"][i] = obs
+
+    def batch(self, which: str, copy: bool = True):
+        values = concatenate(self.space, self._last[which], create_empty_array(self.space, self.num_envs))
+        return copying.deepcopy(values) if copy else values
+
+    def row(self, which: str, i: int):
+        return copying.deepcopy(self._last[which][i])
+
+
+class PickledActions:
+    """Actions of a space the buffers cannot hold (``space``: one env's): :meth:`write` splits a batch (of the
+    batched space, e.g. a tuple with one action per env) into one action per env, as gymnasium does
+    (``iterate``), and hands them to ``send`` (``send(actions)``: one call to every env)."""
+
+    def __init__(self, space: spaces.Space, num_envs: int, send):
+        self.batched, self.num_envs, self.send = batch_space(space, num_envs), num_envs, send
+
+    def write(self, actions) -> None:
+        per_env = list(iterate(self.batched, actions))
+        if len(per_env) != self.num_envs:
+            raise ValueError(f"actions hold {len(per_env)} actions, expected one per env ({self.num_envs}).")
+        self.send(per_env)
 
 
 def _tree(space: spaces.Space, td: TensorDictBase, key: tuple):

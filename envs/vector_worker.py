@@ -15,6 +15,12 @@ Each user env is built in its worker by a :class:`WorkerFactory` and stepped by 
   differ in bounds), ``Discrete``/``MultiDiscrete`` as integer ``Box`` (values are moved as they are, no
   ``start`` shift), unsigned integers wider than a byte in a wider signed type (:data:`WIDENED`), a
   ``Dict``/``Tuple`` under one key ``"obs"``.
+- **pickled spaces** (:func:`travels_pickled`; ``pickled="any"``: gymnasium's ``shared_memory=False``, any space
+  the buffers cannot hold, e.g. Text, Graph, Sequence, OneOf, a space class of the user's own; ``"fixed"``: its
+  ``shared_memory=True``, only the spaces gymnasium keeps in shared memory, Text and OneOf; ``None``: none) are
+  given to the engine as the one-byte :data:`PLACEHOLDER`; each observation the engine gets is posted pickled
+  (``NEXT_OBS`` from a step, ``ROOT_OBS`` from a reset). Such an action space is a :data:`PLACEHOLDER` too: the
+  main process sends each env's action with the ``set_action`` call before the step.
 - **calls**: :meth:`EngineEnv.serve_requests` runs requests (``get_attr``, ``env_method``, ...) on its env; the
   main process reaches it through ParallelEnv's ``env_attribute``. Every result comes back pickled, or as the
   exception it raised, so one bad value never breaks the exchange.
@@ -22,9 +28,9 @@ Each user env is built in its worker by a :class:`WorkerFactory` and stepped by 
 Mailbox layout (one shared-memory block, ``n`` envs, ``cap`` bytes per slot)::
 
     control  uint8  [n]          1: the next reset of env i is the main process' own
-    lengths  int32  [n, 3]       per env and kind (STEP, RESET, FINAL): 0 nothing, > 0 bytes in the slot,
-                                 -1 too large for the slot (kept in the worker)
-    data     uint8  [n, 3, cap]  the pickled values
+    lengths  int32  [n, 5]       per env and kind (STEP, RESET, FINAL, NEXT_OBS, ROOT_OBS): 0 nothing, > 0
+                                 bytes in the slot, -1 too large for the slot (kept in the worker)
+    data     uint8  [n, 5, cap]  the pickled values
 """
 from __future__ import annotations
 
@@ -40,8 +46,11 @@ from gymnasium import spaces
 from .shared import reserve_segment
 
 SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
-STEP, RESET, FINAL = 0, 1, 2
-KINDS = 3
+STEP, RESET, FINAL, NEXT_OBS, ROOT_OBS = 0, 1, 2, 3, 4
+KINDS = 5
+#: what the engine holds for a space it cannot (pickled spaces, see the module docstring); its value is always 0
+PLACEHOLDER = spaces.Box(0, 1, (1,), np.uint8)
+_PLACEHOLDER_VALUE = np.zeros(1, np.uint8)
 SLOT_BYTES = 4096
 _NO_INFO: dict = {}  # what EngineEnv hands the engine as info (the engine ignores it; infos go to the mailbox)
 
@@ -102,7 +111,7 @@ class Mailbox:
         try:
             blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - one clear error for any pickling failure
-            what = "final observation" if kind == FINAL else "info"
+            what = {FINAL: "final observation", NEXT_OBS: "observation", ROOT_OBS: "observation"}.get(kind, "info")
             raise TypeError(f"env {env.index}: its {what} cannot be sent to the main process "
                             f"({type(exc).__name__}: {exc}); return picklable values.") from exc
         i = env.index
@@ -142,12 +151,35 @@ _ATTACHED: dict[tuple, Mailbox] = {}
 
 
 # ----------------------------------------------------------------- spaces
-def engine_space(space: spaces.Space) -> spaces.Space:
+def engine_space(space: spaces.Space, pickled: str | None = None) -> spaces.Space:
     """The observation space the engine is given for an env whose own space is ``space`` (see the module
-    docstring); raises :class:`UnsupportedSpaceError` for spaces the shared buffers cannot hold."""
+    docstring); :data:`PLACEHOLDER` when it travels pickled (:func:`travels_pickled`); raises
+    :class:`UnsupportedSpaceError` for other spaces the shared buffers cannot hold."""
+    if travels_pickled(space, pickled):
+        return PLACEHOLDER
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
         return spaces.Dict({"obs": _relaxed(space)})
     return _relaxed(space)
+
+
+def travels_pickled(space: spaces.Space, pickled: str | None) -> bool:
+    """Whether values of ``space`` travel pickled: the buffers cannot hold them, and ``pickled`` is ``"any"``, or
+    ``"fixed"`` and gymnasium keeps them in shared memory (a fixed size: Text, OneOf; no Graph, Sequence or space
+    class of the user's own at any depth)."""
+    if pickled is None:
+        return False
+    try:
+        _relaxed(space)
+    except UnsupportedSpaceError:
+        return pickled == "any" or _fixed_size(space)
+    return False
+
+
+def _fixed_size(space: spaces.Space) -> bool:
+    if isinstance(space, (spaces.Dict, spaces.Tuple, spaces.OneOf)):
+        return all(_fixed_size(sub) for sub in (space.spaces.values() if isinstance(space, spaces.Dict)
+                                                  else space.spaces))
+    return isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Text))
 
 
 #: integer dtypes the buffers hold in a wider signed type (the main process casts them back)
@@ -176,7 +208,8 @@ def _relaxed(space: spaces.Space) -> spaces.Space:
         f"observation space {space!r} cannot be moved through shared memory"
         # gymnasium's AsyncVectorEnv says this for such spaces, and code written for it looks for these words
         f"{' (it has a dynamic shape so its not possible to make a static shared memory.)' if dynamic else ''}: "
-        "the vector facades support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of these."
+        "the vector facades support Box, Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of these; "
+        "ParallelVectorEnv(..., shared_memory=False) sends any other space's values pickled."
     )
 
 
@@ -209,21 +242,36 @@ def engine_action_space(space: spaces.Space) -> tuple[spaces.Space, Callable | N
 # ----------------------------------------------------------------- the env the engine steps
 class EngineEnv(gym.Env):
     """The user's env (``self.env``) as the engine steps it, with the facade's autoreset ``mode``; posts infos
-    to ``mailbox`` (``raw_final``: also the final observation of a non-Box space, as the env returned it)."""
+    to ``mailbox`` (``raw_final``: also the final observation of a non-Box space, as the env returned it;
+    ``pickled``: spaces the buffers cannot hold travel pickled, see the module docstring)."""
 
-    def __init__(self, env: gym.Env, index: int, mode: str, mailbox: Mailbox, raw_final: bool):
+    def __init__(self, env: gym.Env, index: int, mode: str, mailbox: Mailbox, raw_final: bool,
+                 pickled: str | None = None):
         self.env, self.index, self.mode, self.mailbox = env, index, mode, mailbox
         # a Box observation is read back from the buffers exactly; any other is posted as the env returned it
         self.raw_final = raw_final and not isinstance(env.observation_space, spaces.Box)
-        self.observation_space = engine_space(env.observation_space)
-        self.action_space, self._cast_action = engine_action_space(env.action_space)
-        self._nested = isinstance(env.observation_space, (spaces.Dict, spaces.Tuple))
+        self.observation_space = engine_space(env.observation_space, pickled)
+        self._posts_obs = self.observation_space is PLACEHOLDER
+        if travels_pickled(env.action_space, pickled):
+            self.action_space, self._cast_action = PLACEHOLDER, None
+        else:
+            self.action_space, self._cast_action = engine_action_space(env.action_space)
+        self._sent_action = None  # the next action, when actions travel pickled (``set_action``)
+        self._nested = isinstance(env.observation_space, (spaces.Dict, spaces.Tuple)) and not self._posts_obs
         self._ended = False  # the last step ended an episode: the engine's automatic reset comes next
         self._reset_on_step = False  # NEXT_STEP: the next step resets the env instead of stepping it
-        self._final = None  # the final observation (engine layout), given back when a reset is held back
+        self._final = None  # the final observation, given back when a reset is held back
         self._pending: tuple | None = None  # (seed, options) for the next reset the main process asks for
         self.last_error: BaseException | None = None
         self.overflow: dict[int, object] = {}
+
+    def _out(self, obs, kind: int):
+        """``obs`` as the engine takes it: under ``"obs"`` for a Dict/Tuple space; for a pickled space, posted in
+        the mailbox (``kind``: ``NEXT_OBS`` or ``ROOT_OBS``) and :data:`PLACEHOLDER`'s value for the engine."""
+        if self._posts_obs:
+            self.mailbox.put(self, kind, obs)
+            return _PLACEHOLDER_VALUE
+        return {"obs": obs} if self._nested else obs
 
     def step(self, action):
         try:
@@ -232,22 +280,20 @@ class EngineEnv(gym.Env):
                 obs, info = self.env.reset()
                 if info:
                     self.mailbox.put(self, STEP, info)
-                return ({"obs": obs} if self._nested else obs), 0.0, False, False, _NO_INFO
-            if self._cast_action is not None:
+                return self._out(obs, NEXT_OBS), 0.0, False, False, _NO_INFO
+            if self.action_space is PLACEHOLDER:
+                action, self._sent_action = self._sent_action, None
+            elif self._cast_action is not None:
                 action = self._cast_action(action)
             obs, reward, terminated, truncated, info = self.env.step(action)
             if info:
                 self.mailbox.put(self, STEP, info)
-            if self._nested:
-                obs_out = {"obs": obs}
-            else:
-                obs_out = obs
             if terminated or truncated:
                 self._ended = True
-                self._final = obs_out
+                self._final = obs
                 if self.raw_final:
                     self.mailbox.put(self, FINAL, obs)
-            return obs_out, reward, terminated, truncated, _NO_INFO
+            return self._out(obs, NEXT_OBS), reward, terminated, truncated, _NO_INFO
         except BaseException as exc:
             self.last_error = exc
             raise
@@ -268,15 +314,15 @@ class EngineEnv(gym.Env):
                 obs, info = self.env.reset(seed=seed, options=options)
                 if info:
                     self.mailbox.put(self, RESET, info)
-                return ({"obs": obs} if self._nested else obs), _NO_INFO
+                return self._out(obs, ROOT_OBS), _NO_INFO
             self._ended = False  # the engine's automatic reset, right after the step that ended the episode
             if self.mode == SAME_STEP:
                 obs, info = self.env.reset()
                 if info:
                     self.mailbox.put(self, RESET, info)
-                return ({"obs": obs} if self._nested else obs), _NO_INFO
+                return self._out(obs, ROOT_OBS), _NO_INFO
             self._reset_on_step = self.mode == NEXT_STEP
-            return self._final, _NO_INFO  # NEXT_STEP and DISABLED: the env stays in its final state for now
+            return self._out(self._final, ROOT_OBS), _NO_INFO  # NEXT_STEP, DISABLED: the final state for now
         except BaseException as exc:
             self.last_error = exc
             raise
@@ -309,10 +355,12 @@ class WorkerFactory:
     env first (module-level, so that it travels by reference)."""
 
     def __init__(self, token: str, worker: int, first_index: int, env_fns: Sequence[Callable], mode: str,
-                 mailbox: tuple, raw_final: bool, patch: Callable | None = None):
+                 mailbox: tuple, raw_final: bool, patch: Callable | None = None,
+                 pickled: str | None = None):
         self.token, self.worker, self.first_index = token, worker, first_index
         self.env_fns, self.mode, self.mailbox, self.raw_final, self.patch = (
             list(env_fns), mode, mailbox, raw_final, patch)
+        self.pickled = pickled
 
     def __call__(self) -> EngineEnv:
         key = (self.token, self.worker)
@@ -325,7 +373,7 @@ class WorkerFactory:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env {index}: its constructor returned {type(env).__module__}.{type(env).__name__}, "
                             "not a gymnasium.Env; the vector facades step gymnasium envs.")
-        return EngineEnv(env, index, self.mode, Mailbox.attach(self.mailbox), self.raw_final)
+        return EngineEnv(env, index, self.mode, Mailbox.attach(self.mailbox), self.raw_final, self.pickled)
 
 
 # ----------------------------------------------------------------- calls
@@ -394,5 +442,6 @@ OPS = {
     "spaces": _spaces,
     "prepare_reset": _prepare_reset,  # (seed, options) for the env's next reset asked by the main process
     "overflow": lambda env, kind: env.overflow.pop(kind),
+    "set_action": lambda env, action: setattr(env, "_sent_action", action),  # actions that travel pickled
     "take_error": _take_error,  # the exception the env raised last in step/reset (then forgotten)
 }

@@ -92,7 +92,8 @@ class SampleEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.observation_space.seed(seed)
+        if seed is not None:  # else the space's generator goes on: the same in every process given one seed
+            self.observation_space.seed(seed)
         self.count = 0
         return self.observation_space.sample(), {}
 
@@ -116,6 +117,23 @@ class GatedResetEnv(SleepyEnv):
         while not os.path.exists(self.gate):
             time.sleep(0.01)
         return super().reset(seed=seed, options=options)
+
+
+class Blob(spaces.Space):
+    """A space of the user's own: ``size`` random bytes (larger than a mailbox slot when ``size`` > 4096)."""
+
+    def __init__(self, size: int, seed=None):
+        super().__init__(None, None, seed)
+        self.size = size
+
+    def sample(self, mask=None, probability=None):
+        return self.np_random.bytes(self.size)
+
+    def contains(self, x):
+        return isinstance(x, bytes) and len(x) == self.size
+
+    def __eq__(self, other):
+        return isinstance(other, Blob) and other.size == self.size
 
 
 def tallies(*limits, **kwargs):

@@ -2,6 +2,7 @@
 ones, views, bad actions), env errors that keep their type, dead workers and restarts."""
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import time
@@ -10,11 +11,13 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.error import ClosedEnvironmentError
+from gymnasium.utils.env_checker import data_equivalence
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_differing_spaces
 
 from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError
 from tdcollect.envs.vector import ParallelVectorEnv, SpaceMismatchError
-from tests.gym_envs import EnvError, FailingEnv, SampleEnv, TallyEnv, tallies
+from tests.gym_envs import Blob, EnvError, FailingEnv, SampleEnv, TallyEnv, tallies
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,12 +83,46 @@ def test_mismatched_spaces_are_one_error(second, no_leaks):
         ParallelVectorEnv([lambda: SampleEnv(spaces.Box(0, 1, (2,), np.float32)), second], observation_mode="different")
 
 
-def test_an_unsupported_space_is_a_clear_error(no_leaks):
-    with pytest.raises(TypeError, match="Text") as caught:
-        ParallelVectorEnv([lambda: SampleEnv(spaces.Text(5))])
+def test_a_space_asyncvectorenv_refuses_in_shared_memory_is_a_clear_error(no_leaks):
+    with pytest.raises(TypeError, match="Graph") as caught:
+        ParallelVectorEnv([lambda: SampleEnv(spaces.Graph(spaces.Box(0, 1, (2,)), None))])
     assert isinstance(caught.value, ValueError)
     # the words gymnasium's AsyncVectorEnv raises for dynamic spaces, which code written for it looks for
     assert "has a dynamic shape so its not possible to make a static shared memory." in str(caught.value)
+    assert "shared_memory=False" in str(caught.value)  # the fix
+    with pytest.raises(ValueError, match="Blob"):  # a space of the user's own: gymnasium's ValueError
+        ParallelVectorEnv([lambda: SampleEnv(Blob(8))])
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+@pytest.mark.parametrize("obs_space, act_space, shared_memory", [
+    (spaces.Text(6), spaces.Text(4, charset="ab"), True),  # what AsyncVectorEnv keeps in shared memory
+    (spaces.Dict({"word": spaces.OneOf((spaces.Text(3), spaces.Discrete(4))), "pos": spaces.Box(-1, 1, (2,))}),
+     spaces.Discrete(3), True),
+    (spaces.Graph(spaces.Box(0, 1, (2,)), spaces.Discrete(3)), spaces.Sequence(spaces.Discrete(4)), False),
+    (Blob(6000), Blob(5000), False),  # larger than a mailbox slot, both ways
+], ids=["text", "dict-oneof", "graph-sequence", "own-space"])
+def test_spaces_without_buffers_travel_pickled_as_sync_vector_env_gives_them(obs_space, act_space, shared_memory,
+                                                                           mode, no_leaks):
+    # each env its own spaces (and their generators), as in its own process
+    fns = [lambda: SampleEnv(copy.deepcopy(obs_space), copy.deepcopy(act_space))] * 4
+    ours = ParallelVectorEnv(fns, shared_memory=shared_memory, autoreset_mode=mode)
+    theirs = SyncVectorEnv(fns, autoreset_mode=mode)
+    try:
+        assert (ours.observation_space, ours.action_space) == (theirs.observation_space, theirs.action_space)
+        theirs.action_space.seed(3)
+        assert data_equivalence(ours.reset(seed=5), theirs.reset(seed=5))
+        for _ in range(7):  # two episode ends (every 3 steps)
+            actions = theirs.action_space.sample()
+            a, b = ours.step(actions), theirs.step(actions)
+            assert data_equivalence(a, b), (a, b)
+            if mode == AutoresetMode.DISABLED and a[2].any():
+                mask = {"reset_mask": a[2]}
+                assert data_equivalence(ours.reset(options=dict(mask)), theirs.reset(options=dict(mask)))
+        assert a[0] in ours.observation_space
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_copy_false_gives_views_of_the_buffers(no_leaks):
