@@ -24,8 +24,8 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from tdcollect.envs.actions import in_spec_shape
 from tdcollect.envs.batched import BatchedEnv
+from tdcollect.envs.inputs import in_spec_shape
 from tdcollect.envs.rollout import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite

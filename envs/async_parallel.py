@@ -28,10 +28,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .errors import ArgumentError, WorkerError, failures_of
+from .inputs import value_checker
 from .parallel import ParallelEnv
 from .protocol import RESET, STEP
 from .shared import numpy_view
-from .specs import value_checker
 from .values import check_finite
 
 

@@ -25,15 +25,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
-from .actions import checked_actions
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
-from .masks import reset_mask, step_mask
+from .inputs import checked_actions, reset_mask, step_mask, value_checker
 from .one_thread import one_thread
 from .recycle import Recycler
 from .rollout import batched_rollout
 from .shared import EnvSpecs, key_tuple
-from .specs import value_checker
 from .values import check_finite
 
 

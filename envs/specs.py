@@ -27,7 +27,6 @@ from torchrl.data import (
     Composite,
     MultiCategorical,
     NonTensor,
-    OneHot,
     TensorSpec,
     Unbounded,
 )
@@ -143,49 +142,3 @@ def _key_name(key) -> str:
 def _describe(spec: TensorSpec) -> str:
     n = getattr(getattr(spec, "space", None), "n", None)  # categorical sizes, so that two specs read apart
     return f"{type(spec).__name__} shape={tuple(spec.shape)} dtype={spec.dtype}" + ("" if n is None else f" n={n}")
-
-
-_NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
-                 torch.uint8}
-
-
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def value_checker(spec: TensorSpec):
-    """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
-    caller's to check)? ``OneHot`` rows must be 0/1 with at most one 1; ``Categorical`` (integers) and
-    ``Bounded`` specs are checked with numpy reductions on the CPU (NaN is outside any bounds); any other spec, or
-    a value on another device, goes through ``spec.is_in``, and floating-point values must also be finite."""
-    if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
-        n = int(spec.space.n)
-
-        def check_categorical(value: torch.Tensor) -> bool:
-            if value.device.type != "cpu":
-                return bool(spec.is_in(value))
-            array = value.detach().numpy()
-            # one reduction: viewed as unsigned, negative values are larger than any valid one
-            return array.size == 0 or bool(array.view(_UNSIGNED[array.itemsize]).max() < n)
-
-        return check_categorical
-    if type(spec) is OneHot:
-
-        def check_one_hot(value: torch.Tensor) -> bool:
-            # rows of 0/1 with at most one 1: an all-zero row is "no action", as TorchRL's own envs accept
-            flags = value.detach()
-            return bool(((flags == 0) | (flags == 1)).all()) and bool((flags.sum(-1) <= 1).all())
-
-        return check_one_hot
-    if isinstance(spec, Bounded) and spec.dtype in _NUMPY_DTYPES:  # BoundedContinuous / BoundedDiscrete too
-        low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
-
-        def check_bounded(value: torch.Tensor) -> bool:
-            if value.device.type != "cpu":
-                return bool(spec.is_in(value))
-            array = value.detach().numpy()
-            return bool(((array >= low) & (array <= high)).all())
-
-        return check_bounded
-    if spec.dtype.is_floating_point:
-        return lambda value: bool(spec.is_in(value)) and bool(torch.isfinite(value).all())
-    return lambda value: bool(spec.is_in(value))

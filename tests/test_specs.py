@@ -68,7 +68,7 @@ def test_value_checker_agrees_with_is_in():
     """The fast value checks (numpy reductions) say what ``spec.is_in`` says, NaN and bfloat16 included."""
     from torchrl.data import Bounded, Categorical, MultiCategorical
 
-    from tdcollect.envs.specs import value_checker
+    from tdcollect.envs.inputs import value_checker
 
     cases = [
         (Categorical(3, shape=(4,)), [torch.tensor([0, 1, 2, 2]), torch.tensor([0, 3, 1, 1]),

@@ -1,0 +1,170 @@
+"""What the caller's tensordict brings into a batched env, on its way to the buffers: the actions (their shape,
+dtype and values checked against the action spec when ``check_actions``, then cast to the spec's dtype; for every
+batched env: ``BatchedEnv.write_actions``, ``AsyncParallelEnv.send``, the collectors' loop) and TorchRL's masks
+(the ``"_step"`` entry, partial steps, one flag per env; the ``"_reset"`` entries, one flag per element or per
+agent group) as numpy masks for a batched env's hooks.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
+
+
+def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], value_checks: dict, check: bool | str,
+                    owner: str) -> list[torch.Tensor]:
+    """The action entries of ``tensordict`` for ``n`` envs, in the order of ``slots`` (``(key, buffer [N, ...],
+    spec)`` per action key), after checking their shape, dtype and (when ``check``) values with
+    ``value_checks[key]``; ``check="finite"`` checks floating-point actions for NaN and infinities only (not the
+    bounds of a continuous spec, which TorchRL's collectors do not enforce), integer ones against their spec.
+
+    An entry whose shape lacks only the spec's last dim, of size one (categorical actions ``[n]`` for a ``[n, 1]``
+    spec, which TorchRL's envs take), is given it; any other shape than the expected one is refused.
+    Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected.
+    """
+    values = []
+    for key, buffer, spec in slots:
+        expected = (n, *buffer.shape[1:])
+        value = tensordict.get(key, None)
+        if value is None:
+            raise KeyError(
+                f"the input tensordict has no {key!r} entry; {owner} expects one of "
+                f"shape {expected} and dtype {buffer.dtype}."
+            )
+        value = in_spec_shape(value, expected)
+        if tuple(value.shape) != expected:
+            raise ValueError(
+                f"{key!r} has shape {tuple(value.shape)}, but {owner} expects shape {expected} ({n} envs x "
+                f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: {type(spec).__name__}."
+            )
+        if value.dtype != buffer.dtype:
+            value = cast_action(key, value, buffer.dtype, check)
+        if check == "finite" and value.dtype.is_floating_point:
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"{key!r} holds NaN or infinite values; nothing was sent to the envs. A policy that "
+                                 "diverged?")
+        elif check and not value_checks[key](value):
+            raise ValueError(
+                f"{key!r} holds values outside its spec ({bounds(spec)}"
+                f"{', NaN and infinities excluded' if value.dtype.is_floating_point else ''}); nothing was "
+                "sent to the envs. A policy that diverged, or actions on another scale than the spec's?"
+            )
+        values.append(value)
+    return values
+
+
+def in_spec_shape(value: torch.Tensor, expected: tuple) -> torch.Tensor:
+    """``value`` with the last dim of ``expected`` added when that dim is one and ``value`` lacks only it (a view:
+    the same values, none repeated; categorical actions ``[n]`` for a ``[n, 1]`` spec, which TorchRL's envs take),
+    else ``value`` as it is."""
+    if expected and expected[-1] == 1 and tuple(value.shape) == tuple(expected[:-1]):
+        return value.unsqueeze(-1)
+    return value
+
+
+def cast_action(key, value: torch.Tensor, dtype: torch.dtype, check: bool) -> torch.Tensor:
+    """``value`` cast to the action spec's ``dtype`` (as TorchRL's envs do). When ``check``, a cast from
+    floating point to integers or bools must keep every value (``1.0`` -> ``1``; ``0.7`` raises
+    ``ValueError``): truncating a policy's output would send other actions than it chose."""
+    cast = value.to(dtype)
+    if check and value.dtype.is_floating_point and not dtype.is_floating_point:
+        if not torch.equal(cast.to(value.dtype), value):
+            raise ValueError(
+                f"{key!r} has dtype {value.dtype} with non-integral values, but the action spec's dtype is "
+                f"{dtype}: casting would change the actions. Round or sample them as {dtype} (e.g. "
+                "action_spec.rand()), or pass check_actions=False to cast as torch does."
+            )
+    return cast
+
+
+def bounds(spec) -> str:
+    """The values ``spec`` admits, in words (for messages)."""
+    if isinstance(spec, OneHot):
+        return f"one-hot rows of {spec.shape[-1]} zeros and ones, at most one 1 per row"
+    space = getattr(spec, "space", None)
+    n = getattr(space, "n", None)
+    if n is not None:
+        return f"integers in [0, {n - 1}]"
+    low, high = getattr(space, "low", None), getattr(space, "high", None)
+    if low is not None:
+        return f"values in [{low.min().item():g}, {high.max().item():g}]"
+    return type(spec).__name__
+
+
+_NUMPY_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                 torch.uint8}
+
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def value_checker(spec: TensorSpec):
+    """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
+    caller's to check)? ``OneHot`` rows must be 0/1 with at most one 1; ``Categorical`` (integers) and
+    ``Bounded`` specs are checked with numpy reductions on the CPU (NaN is outside any bounds); any other spec, or
+    a value on another device, goes through ``spec.is_in``, and floating-point values must also be finite."""
+    if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
+        n = int(spec.space.n)
+
+        def check_categorical(value: torch.Tensor) -> bool:
+            if value.device.type != "cpu":
+                return bool(spec.is_in(value))
+            array = value.detach().numpy()
+            # one reduction: viewed as unsigned, negative values are larger than any valid one
+            return array.size == 0 or bool(array.view(_UNSIGNED[array.itemsize]).max() < n)
+
+        return check_categorical
+    if type(spec) is OneHot:
+
+        def check_one_hot(value: torch.Tensor) -> bool:
+            # rows of 0/1 with at most one 1: an all-zero row is "no action", as TorchRL's own envs accept
+            flags = value.detach()
+            return bool(((flags == 0) | (flags == 1)).all()) and bool((flags.sum(-1) <= 1).all())
+
+        return check_one_hot
+    if isinstance(spec, Bounded) and spec.dtype in _NUMPY_DTYPES:  # BoundedContinuous / BoundedDiscrete too
+        low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
+
+        def check_bounded(value: torch.Tensor) -> bool:
+            if value.device.type != "cpu":
+                return bool(spec.is_in(value))
+            array = value.detach().numpy()
+            return bool(((array >= low) & (array <= high)).all())
+
+        return check_bounded
+    if spec.dtype.is_floating_point:
+        return lambda value: bool(spec.is_in(value)) and bool(torch.isfinite(value).all())
+    return lambda value: bool(spec.is_in(value))
+
+
+def step_mask(tensordict: TensorDictBase, num_envs: int, elements: int, owner: str) -> np.ndarray | None:
+    """The ``"_step"`` entry of ``tensordict`` as bool ``[num_envs]``, or None when it is absent or selects
+    every env. ``elements``: the envs' elements in all (``num_envs * prod(B)`` for batched envs); a mask per
+    element must select whole envs. Raises ``ValueError`` naming ``owner`` for another size or a split env."""
+    step = tensordict.get("_step", None)
+    if step is None:
+        return None
+    flags = step.cpu().numpy().astype(bool)
+    if flags.size not in (num_envs, elements):
+        raise ValueError(f'"_step" has {flags.size} entries but {owner} has {num_envs} envs '
+                         f"of {elements // num_envs} elements each.")
+    rows = flags.reshape(num_envs, -1)
+    if not (rows == rows[:, :1]).all():
+        raise ValueError(f'{owner}: a "_step" mask must select whole envs (all elements of a batched '
+                         "env, or none).")
+    mask = rows[:, 0]
+    return None if mask.all() else mask
+
+
+def reset_mask(tensordict: TensorDictBase, reset_keys, elements: int) -> np.ndarray | None:
+    """bool ``[elements]``: the elements the ``"_reset"`` entries (``reset_keys``) of ``tensordict`` ask to reset
+    (any of them, when there are several, e.g. one per agent group: the element is reset as a whole), or None
+    without any."""
+    mask = None
+    for key in reset_keys:
+        reset = tensordict.get(key, None)
+        if reset is not None:
+            wanted = reset.reshape(elements, -1).any(1).cpu().numpy()
+            mask = wanted if mask is None else mask | wanted
+    return mask
