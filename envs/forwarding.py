@@ -84,5 +84,6 @@ class Forwarding:
             if name.startswith("_") and self.__dict__.get("is_closed", True):
                 raise  # a private name never restarts a closed env
         if not self.env_attribute((name,), "has")[0]:
-            raise AttributeError(f"neither {type(self).__name__} nor its envs have an attribute {name!r}.")
+            owner = self.__dict__.get("owner", type(self).__name__)
+            raise AttributeError(f"neither {owner} nor its envs have an attribute {name!r}.")
         return EnvAttribute(self, (name,))

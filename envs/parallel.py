@@ -77,6 +77,8 @@ class ParallelEnv(BatchedEnv):
             while this process copies step ``t`` out of a second pair of shared buffers (allocated at the first
             such rollout). Default None: when ``num_workers + 1`` fits in the usable cores (on a full machine
             this process's copies would take the workers' cores; measured 25% slower on 2 cores, 2 workers).
+        owner: who this env is in messages, errors and worker process names (default: the class name; the
+            gymnasium and SB3 faces pass theirs).
 
     Errors from workers arrive as :class:`~tdcollect.envs.errors.EnvWorkerError` (an exception in an env),
     :class:`~tdcollect.envs.errors.WorkerDiedError` and :class:`~tdcollect.envs.errors.WorkerTimeoutError`; after the
@@ -116,10 +118,11 @@ class ParallelEnv(BatchedEnv):
         daemon: bool = False,
         shutdown_timeout: float = 2.0,
         pipeline: bool | None = None,
+        owner: str | None = None,
         **torchrl_options,
     ):
         exit_if_bootstrapping()
-        owner = type(self).__name__
+        owner = owner or type(self).__name__
         check_torchrl_options(owner, device, torchrl_options)
         fns, kwargs = constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
@@ -144,7 +147,8 @@ class ParallelEnv(BatchedEnv):
         self._staging = self._staging_generation = None  # see staging_buffers()
         self._start_pool()
         try:
-            super().__init__(self._handshake.specs, num_envs, self._handshake.buffers, check_actions=check_actions)
+            super().__init__(self._handshake.specs, num_envs, self._handshake.buffers, check_actions=check_actions,
+                             owner=owner)
         except BaseException:
             self._shutdown()
             raise
@@ -155,7 +159,7 @@ class ParallelEnv(BatchedEnv):
         leaves the shared buffers and the reset mask in ``_handshake``. As TorchRL's ParallelEnv, this process
         then runs ``num_threads`` torch threads (default: its current count less one per worker, at least 1),
         given back when the workers stop."""
-        owner, k = type(self).__name__, self.envs_per_worker
+        owner, k = self._pool_options["owner"], self.envs_per_worker
         pickled = [PickledFactory(fn, owner, f"worker {w}")
                    for w, fn in enumerate(bind_kwargs(self.create_env_fn, self.create_env_kwargs))]
         args = [(factory, k, w * k, self.num_sub_threads) for w, factory in enumerate(pickled)]

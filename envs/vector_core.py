@@ -38,7 +38,8 @@ class SpaceMismatchError(SpecMismatchError, RuntimeError):
 
 class VectorEngine(ParallelEnv):
     """A ParallelEnv that reaches the ``vector_worker.EngineEnv`` of every env with requests (see :meth:`serve`).
-    The caller's torch threads are left as they are (its training process is not TorchRL's)."""
+    The caller's torch threads are left as they are (its training process is not TorchRL's); its ``owner`` (in
+    messages and worker names) is the face's class name."""
 
     adjusts_caller_threads = False
 
@@ -46,19 +47,8 @@ class VectorEngine(ParallelEnv):
         """``EngineEnv.serve_requests(requests)`` on every env (through ``env_attribute``, which asks again when
         a worker was replaced on the way): the replies, one list per env in env order."""
         if self.is_closed:
-            raise RuntimeError(f"this {type(self).__name__} is closed; its workers were stopped.")
+            raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
         return self.env_attribute(("serve_requests",), "call", (requests,))
-
-
-_ENGINE_CLASSES: dict[str, type] = {}
-
-
-def engine_class(owner: str) -> type:
-    """A :class:`VectorEngine` subclass named ``owner``: the engine's messages and worker names use it."""
-    if owner not in _ENGINE_CLASSES:
-        _ENGINE_CLASSES[owner] = types.new_class(owner, (VectorEngine,), exec_body=lambda ns: ns.update(
-            {"__module__": __name__, "__doc__": f"The engine of a {owner}."}))
-    return _ENGINE_CLASSES[owner]
 
 
 def split_envs(num_envs: int, num_workers: int | None, envs_per_worker: int | None, owner: str) -> tuple[int, int]:
@@ -159,10 +149,10 @@ class EngineCore:
         factories = [WorkerFactory(self.token, w, w * k, fns[w * k : (w + 1) * k], mode, self.mailbox.address,
                                    raw_final, patch, pickled) for w in range(workers)]
         try:
-            self.engine = engine_class(owner)(
+            self.engine = VectorEngine(
                 workers, factories, envs_per_worker=k, mp_start_method=check_start_method(start_method, owner),
                 timeout=timeout, check_actions=False, check_values=check_values, max_restarts=max_restarts,
-                spin_s=spin_s)
+                spin_s=spin_s, owner=owner)
         except EnvWorkerError as err:
             self.mailbox.release()
             raise worker_exception(err, None) from None
