@@ -282,18 +282,25 @@ class WorkerPool:
         during = command_name(code)
         pending, finished = list(in_flight), []
         try:
-            self._wait_any(n, pending, finished, during)
+            self._wait_any(n, pending, finished, during, self._waits.get(code | NOTIFY))
         except WorkerError as err:
             err.finished = finished  # done (their results are dropped), like the failed ones
             raise
         return finished
 
-    def _wait_any(self, n: int, pending: list, finished: list, during: str) -> None:
+    def _wait_any(self, n: int, pending: list, finished: list, during: str, first: Wait | None) -> None:
+        """``first``: the wait :meth:`start` began (the same strategy as :meth:`wait`'s: sleep through the sure part,
+        poll ``spin_s``, block) for the first worker found done; the others are polled for ``spin_s`` more in all,
+        then blocked for."""
         deadline = time.monotonic() + self.timeout
         spin_until = time.perf_counter() + self.spin_s
         any_done, dones = self._any_done, self._done  # kept: stop() from another thread replaces them
         while len(finished) < n:
-            acquired = poll(any_done, spin_until) or any_done.acquire(timeout=self._poll_s)
+            if first is not None:
+                acquired, first = first.acquire(any_done, self.spin_s, self._poll_s), None
+                spin_until = time.perf_counter() + self.spin_s  # one more poll budget for the others
+            else:
+                acquired = poll(any_done, spin_until) or any_done.acquire(timeout=self._poll_s)
             # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
             if not acquired or time.monotonic() - self._last_liveness_check > self._poll_s:
                 self._last_liveness_check = time.monotonic()
