@@ -335,7 +335,7 @@ class BatchedEnv(Forwarding, EnvBase):
 
     def checked_actions(self, tensordict: TensorDictBase, n: int, value_checks: dict,
                         check: bool | None = None) -> list[torch.Tensor]:
-        """The action entries of ``tensordict`` for ``n`` envs, checked (see :func:`.actions.checked_actions`;
+        """The action entries of ``tensordict`` for ``n`` envs, checked (see :func:`.inputs.checked_actions`;
         ``check`` defaults to ``check_actions``)."""
         check = self.check_actions if check is None else check
         return checked_actions(tensordict, n, self._action_slots, value_checks, check, self.owner)
