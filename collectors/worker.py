@@ -6,9 +6,9 @@ the MultiSync / MultiAsync / Ray workers (:func:`run_collector_worker`, :func:`b
 The process body builds its env, its policy copy and a :class:`~.loop.BatchLoop` filling its storage in shared
 memory. Its messages and commands are part of the worker protocol (``tdcollect/envs/protocol.py``): hello
 ``(n_envs, EnvSpecs of one env, unbatched)``, setup ``T``, ready its storage ``[n_envs, T]``; ``COLLECT`` /
-``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches the loop. An env whose batches are
-stacked step by step (``stacked.py``) has no storage (ready: ``None``): each ``COLLECT`` answers with its batch,
-by pipe."""
+``COLLECT_RANDOM`` fill the storage with the next ``T`` steps; ``CALL`` reaches the loop's declared calls
+(:data:`LOOP_CALLS`). An env whose batches are stacked step by step (``stacked.py``) has no storage (ready:
+``None``): each ``COLLECT`` answers with its batch, by pipe."""
 from __future__ import annotations
 
 import cloudpickle
@@ -190,6 +190,12 @@ def check_same_entries(batches: dict[int, TensorDictBase], owner: str, unit: str
                 f"{unit} {first} vs {unit} {w}: {differ}); all {unit}s' envs must share their specs.")
 
 
+#: what the main process may call on a worker's :class:`~.loop.BatchLoop` (``CALL``; ``call_method`` runs TorchRL's
+#: ``map_fn``, which names a method of the worker's collector)
+LOOP_CALLS = ("set_seed", "reset_envs", "set_hooks", "load_policy_weights", "policy_state_dict", "call_method",
+              "enable_profile")
+
+
 def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weights, versions, config) -> None:
     """Builds its env and policy copy (bound to the shared ``weights`` when it runs on the CPU, else pulling
     them at each batch); records in ``versions[w]`` the weights version each batch was collected with."""
@@ -240,7 +246,8 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             return batch if loop.stacked else None  # a stacked batch goes by pipe (see stacked.py)
 
         if channel.ready(None if loop.stacked else loop.storage):
-            channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)}, loop)
+            channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)},
+                          {name: getattr(loop, name) for name in LOOP_CALLS})
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:

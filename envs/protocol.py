@@ -58,8 +58,9 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
                     is pending)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
 ``COLLECT_RANDOM``  MultiSyncCollector: the same with random actions from the action spec
-``CALL``            then on the pipe ``(method, args)``; runs ``call_target.<method>(*args)``;
-                    answers ``("result", value)`` (after releasing ``done[w]``)
+``CALL``            then on the pipe ``(name, args)``; runs the worker's declared call ``name``
+                    (``calls[name](*args)``, see :meth:`WorkerChannel.serve`; an undeclared name fails,
+                    naming the declared ones); answers ``("result", value)`` (after releasing ``done[w]``)
 ``CLOSE``           leave the loop, close what it owns, exit 0
 ``code | NOTIFY``   as ``code``, and also release ``any_done`` when finished (asynchronous stepping)
 ==================  ===========================================================================
@@ -195,8 +196,9 @@ class WorkerChannel:
                 return None
         return self.conn.recv()
 
-    def serve(self, handlers: dict[int, Callable[[], Any]], call_target: Any) -> None:
-        """The serving loop (see the module docstring), until ``CLOSE`` or until the main process is gone."""
+    def serve(self, handlers: dict[int, Callable[[], Any]], calls: dict[str, Callable]) -> None:
+        """The serving loop (see the module docstring), until ``CLOSE`` or until the main process is gone:
+        ``handlers`` per command code, ``calls`` what ``CALL`` may run, by name."""
         command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
         spin = self.spin_tensor.numpy() if self.spin_tensor is not None else (0.0,)
         wait = Wait()
@@ -216,8 +218,10 @@ class WorkerChannel:
             reply = None
             try:
                 if code == CALL:
-                    method, args = self.conn.recv()
-                    reply = ("result", getattr(call_target, method)(*args))
+                    name, args = self.conn.recv()
+                    if name not in calls:
+                        raise AttributeError(f"this worker has no call {name!r}; it answers {sorted(calls)}.")
+                    reply = ("result", calls[name](*args))
                 else:
                     data = handlers[code]()
                     reply = None if data is None else ("data", data)

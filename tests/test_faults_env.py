@@ -229,3 +229,12 @@ def test_a_worker_dying_in_the_start_up_exchange_is_a_worker_died_error_and_pins
             ParallelEnv(2, factories, mp_start_method="fork")
     gc.collect()  # what is left in reference cycles is garbage, not pinned
     assert _open_fds() <= fds + 1, f"open fds grew from {fds} to {_open_fds()}"
+
+
+def test_a_worker_runs_only_its_declared_calls(no_leaks):
+    """``CALL`` reaches a worker's declared calls by name only (protocol.py); another name is an error that names
+    them, and the worker goes on serving."""
+    with ParallelEnv(2, CountingEnv) as env:
+        with pytest.raises(EnvWorkerError, match=r"no call 'close'.*bind_staging.*env_attribute.*set_seed"):
+            env._pool.call("close", [()] * 2)  # a method of the worker's env group, not declared
+        assert env.rollout(3).batch_size == (2, 3)
