@@ -22,7 +22,8 @@ class EnvWorkerError(WorkerError):
     """An exception raised inside a worker (by an env's constructor, reset, step, ...).
 
     Attributes: ``worker``, ``exc_type`` (the original exception's type name), ``exc_message``,
-    ``worker_traceback`` (the traceback as formatted in the worker).
+    ``worker_traceback`` (the traceback as formatted in the worker), ``original`` (the exception object itself,
+    when it could be pickled there and read here; else None).
     """
 
     def __init__(self, worker: int, exc_type: str, exc_message: str, worker_traceback: str, during: str):
@@ -34,6 +35,7 @@ class EnvWorkerError(WorkerError):
         self.exc_type = exc_type
         self.exc_message = exc_message
         self.worker_traceback = worker_traceback
+        self.original: BaseException | None = None
 
 
 class WorkerDiedError(WorkerError):

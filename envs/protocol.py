@@ -86,6 +86,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import time
@@ -132,15 +133,34 @@ def load_info(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
+#: an exception pickled larger than this is not carried in an error report (its type, message and traceback are)
+ORIGINAL_MAX_BYTES = 1 << 20
+
+
 def error_report(exc: BaseException, during: str) -> dict:
-    """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``."""
+    """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``, and ``original``:
+    the exception itself, pickled (None when it cannot be, or is larger than :data:`ORIGINAL_MAX_BYTES`), so that
+    the main process can raise the env's own exception type."""
+    try:
+        original = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - the text is carried without it
+        original = None
+    if original is not None and len(original) > ORIGINAL_MAX_BYTES:
+        original = None
     return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
-            "during": during}
+            "during": during, "original": original}
 
 
 def worker_error(w: int, report: dict) -> EnvWorkerError:
-    """The main process' exception for worker ``w``'s error report."""
-    return EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
+    """The main process' exception for worker ``w``'s error report (``original``: the worker's exception
+    object, when it travelled and can be read here; else None)."""
+    try:
+        original = pickle.loads(report["original"]) if report.get("original") is not None else None
+    except Exception:  # noqa: BLE001 - e.g. its class is not importable here: the text is enough
+        original = None
+    error = EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
+    error.original = original if isinstance(original, BaseException) else None
+    return error
 
 
 class WorkerChannel:

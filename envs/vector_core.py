@@ -155,7 +155,7 @@ class EngineCore:
                 spin_s=spin_s, owner=owner)
         except EnvWorkerError as err:
             self.mailbox.release()
-            raise worker_exception(err, None) from None
+            raise worker_exception(err, err.original) from None
         except SpecMismatchError as err:
             self.mailbox.release()
             raise SpaceMismatchError(str(err)) from None
@@ -280,22 +280,7 @@ class EngineCore:
         try:
             yield
         except EnvWorkerError as err:
-            raise worker_exception(err, self._original_error(err)) from None
-
-    def _original_error(self, err: EnvWorkerError) -> BaseException | None:
-        """The exception object an env of ``err``'s worker raised in its last step/reset, when it can be had."""
-        if self.engine.is_closed:
-            return None
-        k = self.envs_per_worker
-        requests = {i: [(0, "take_error", ())] for i in range(err.worker * k, (err.worker + 1) * k)}
-        try:
-            for env_replies in self.engine.serve(requests):
-                for _, ok, blob, _ in env_replies:
-                    error = pickle.loads(blob) if ok else None
-                    if error is not None:
-                        return error
-        except Exception:  # noqa: BLE001 - the error's type name is used instead
-            return None
+            raise worker_exception(err, err.original) from None
         return None
 
     # ----------------------------------------------------------------- closing

@@ -262,7 +262,6 @@ class EngineEnv(gym.Env):
         self._reset_on_step = False  # NEXT_STEP: the next step resets the env instead of stepping it
         self._final = None  # the final observation, given back when a reset is held back
         self._pending: tuple | None = None  # (seed, options) for the next reset the main process asks for
-        self.last_error: BaseException | None = None
         self.overflow: dict[int, object] = {}
 
     def _out(self, obs, kind: int):
@@ -274,58 +273,50 @@ class EngineEnv(gym.Env):
         return {"obs": obs} if self._nested else obs
 
     def step(self, action):
-        try:
-            if self._reset_on_step:
-                self._reset_on_step = False
-                obs, info = self.env.reset()
-                if info:
-                    self.mailbox.put(self, STEP, info)
-                return self._out(obs, NEXT_OBS), 0.0, False, False, _NO_INFO
-            if self.action_space is PLACEHOLDER:
-                action, self._sent_action = self._sent_action, None
-            elif self._cast_action is not None:
-                action = self._cast_action(action)
-            obs, reward, terminated, truncated, info = self.env.step(action)
+        if self._reset_on_step:
+            self._reset_on_step = False
+            obs, info = self.env.reset()
             if info:
                 self.mailbox.put(self, STEP, info)
-            if terminated or truncated:
-                self._ended = True
-                self._final = obs
-                if self.raw_final:
-                    self.mailbox.put(self, FINAL, obs)
-            return self._out(obs, NEXT_OBS), reward, terminated, truncated, _NO_INFO
-        except BaseException as exc:
-            self.last_error = exc
-            raise
+            return self._out(obs, NEXT_OBS), 0.0, False, False, _NO_INFO
+        if self.action_space is PLACEHOLDER:
+            action, self._sent_action = self._sent_action, None
+        elif self._cast_action is not None:
+            action = self._cast_action(action)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if info:
+            self.mailbox.put(self, STEP, info)
+        if terminated or truncated:
+            self._ended = True
+            self._final = obs
+            if self.raw_final:
+                self.mailbox.put(self, FINAL, obs)
+        return self._out(obs, NEXT_OBS), reward, terminated, truncated, _NO_INFO
 
     def reset(self, *, seed=None, options=None):
-        try:
-            control = self.mailbox.control
-            if control[self.index] or not self._ended:  # the main process asked (or nothing ended): reset
-                # not asked: the engine reset a restarted worker's envs; their step then reports a truncation
-                # (as its "final" observation, the reset one), so NEXT_STEP resets once more at the next step
-                self._reset_on_step = not control[self.index] and self.mode == NEXT_STEP
-                control[self.index] = 0
-                self._ended = False
-                self._final = None
-                if self._pending is not None:
-                    seed, options = self._pending
-                    self._pending = None
-                obs, info = self.env.reset(seed=seed, options=options)
-                if info:
-                    self.mailbox.put(self, RESET, info)
-                return self._out(obs, ROOT_OBS), _NO_INFO
-            self._ended = False  # the engine's automatic reset, right after the step that ended the episode
-            if self.mode == SAME_STEP:
-                obs, info = self.env.reset()
-                if info:
-                    self.mailbox.put(self, RESET, info)
-                return self._out(obs, ROOT_OBS), _NO_INFO
-            self._reset_on_step = self.mode == NEXT_STEP
-            return self._out(self._final, ROOT_OBS), _NO_INFO  # NEXT_STEP, DISABLED: the final state for now
-        except BaseException as exc:
-            self.last_error = exc
-            raise
+        control = self.mailbox.control
+        if control[self.index] or not self._ended:  # the main process asked (or nothing ended): reset
+            # not asked: the engine reset a restarted worker's envs; their step then reports a truncation
+            # (as its "final" observation, the reset one), so NEXT_STEP resets once more at the next step
+            self._reset_on_step = not control[self.index] and self.mode == NEXT_STEP
+            control[self.index] = 0
+            self._ended = False
+            self._final = None
+            if self._pending is not None:
+                seed, options = self._pending
+                self._pending = None
+            obs, info = self.env.reset(seed=seed, options=options)
+            if info:
+                self.mailbox.put(self, RESET, info)
+            return self._out(obs, ROOT_OBS), _NO_INFO
+        self._ended = False  # the engine's automatic reset, right after the step that ended the episode
+        if self.mode == SAME_STEP:
+            obs, info = self.env.reset()
+            if info:
+                self.mailbox.put(self, RESET, info)
+            return self._out(obs, ROOT_OBS), _NO_INFO
+        self._reset_on_step = self.mode == NEXT_STEP
+        return self._out(self._final, ROOT_OBS), _NO_INFO  # NEXT_STEP, DISABLED: the final state for now
 
     def serve_requests(self, requests: dict) -> list[tuple]:
         """Run this env's entries of ``requests`` (``{env index: [(position, op, args)]}``, see :data:`OPS`), in
@@ -424,11 +415,6 @@ def _prepare_reset(env: EngineEnv, seed, options) -> None:
     env._pending = (seed, options)
 
 
-def _take_error(env: EngineEnv):
-    error, env.last_error = env.last_error, None
-    return error
-
-
 #: op name -> function(engine env, *args); what :meth:`EngineEnv.serve_requests` can run
 OPS = {
     "call": _call,  # gymnasium: get_wrapper_attr(name), called with (args, kwargs) if callable
@@ -443,5 +429,4 @@ OPS = {
     "prepare_reset": _prepare_reset,  # (seed, options) for the env's next reset asked by the main process
     "overflow": lambda env, kind: env.overflow.pop(kind),
     "set_action": lambda env, action: setattr(env, "_sent_action", action),  # actions that travel pickled
-    "take_error": _take_error,  # the exception the env raised last in step/reset (then forgotten)
 }

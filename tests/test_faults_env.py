@@ -238,3 +238,13 @@ def test_a_worker_runs_only_its_declared_calls(no_leaks):
         with pytest.raises(EnvWorkerError, match=r"no call 'close'.*bind_staging.*env_attribute.*set_seed"):
             env._pool.call("close", [()] * 2)  # a method of the worker's env group, not declared
         assert env.rollout(3).batch_size == (2, 3)
+
+
+def test_the_env_s_own_exception_travels_with_the_error(no_leaks):
+    """The error report carries the env's exception object (pickled): ``EnvWorkerError.original`` is the env's own
+    exception, with its type and arguments."""
+    with ParallelEnv(2, functools.partial(FaultyEnv, "step", at_step=2)) as env:
+        with pytest.raises(EnvWorkerError) as caught:
+            env.rollout(3)
+    original = caught.value.original
+    assert type(original) is ValueError and original.args == ("boom in step 2",)
