@@ -22,13 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def expected_failures() -> dict[str, str]:
-    """``{node id prefix: reason}`` from ``expected_failures.txt``."""
-    lines = (HERE / "expected_failures.txt").read_text().splitlines()
-    return {prefix.strip(): reason.strip() for prefix, _, reason in
-            (line.partition("#") for line in lines if line.strip() and not line.startswith("#"))}
+sys.path.insert(0, str(HERE.parent))
+from gate_lists import listed, report, verdict  # noqa: E402 - .ci/gate_lists.py, beside this folder
 
 
 def main(argv=None) -> int:
@@ -48,17 +43,13 @@ def main(argv=None) -> int:
             outcomes.update(json.loads(part.read_text()))
     print(run.stdout[-3000:], run.stderr[-2000:])
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.MULTILINE)))
-    expected = {} if args.reference else expected_failures()
-    unexpected = [test for test in failed if not any(test.startswith(prefix) for prefix in expected)]
-    fixed = [prefix for prefix in expected if not any(test.startswith(prefix) for test in failed)]
+    expected = {} if args.reference else listed(HERE / "expected_failures.txt")
     counts = Counter(outcomes.values())
+    unexpected, fixed = verdict(failed, expected)
     print(f"gymnasium vector suite gate ({'gymnasium' if args.reference else 'ours'}): {len(outcomes)} tests construct "
           f"an AsyncVectorEnv: {counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed; "
           f"{len(unexpected)} unexpected failures ({len(failed)} failed in all, {len(expected)} listed expected)")
-    for test in unexpected:
-        print("UNEXPECTED", test)
-    for prefix in fixed:
-        print("NOW PASSES", prefix)
+    report(unexpected, fixed)
     return 1 if unexpected or not counts["passed"] else 0  # nothing run (a missing folder) fails the gate too
 
 

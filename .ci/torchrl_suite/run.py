@@ -29,21 +29,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from gate_lists import listed, report, verdict  # noqa: E402 - .ci/gate_lists.py, beside this folder
+
 SUITES = {
     "envs": ["envs/test_parallel.py", "envs/test_auto_reset.py", "envs/test_nested.py", "envs/test_special.py",
              "envs/test_env_base.py"],
     "collectors": ["test_collectors.py", "collectors/test_evaluator.py", "compile/test_compile_collectors.py"],
 }
-
-
-def listed(name: str) -> dict[str, str]:
-    """``{node id or prefix: comment}`` from one of this folder's lists (``<id>  # <comment>`` per line)."""
-    out = {}
-    for line in (HERE / name).read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            prefix, _, reason = line.partition("#")
-            out[prefix.strip()] = reason.strip()
-    return out
 
 
 def main(argv=None) -> int:
@@ -73,18 +66,14 @@ def main(argv=None) -> int:
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", run.stdout, re.MULTILINE)))
     if args.reference:
         return run.returncode
-    expected = listed(f"{args.suite}_expected_failures.txt")
-    unexpected = [test for test in failed if not any(test.startswith(prefix) for prefix in expected)]
+    expected = listed(HERE / f"{args.suite}_expected_failures.txt")
     ran_expected = args.suite == "envs" or args.all
-    fixed = [prefix for prefix in expected if ran_expected and not any(test.startswith(prefix) for test in failed)]
     passed = re.search(r"(\d+) passed", run.stdout)
+    unexpected, fixed = verdict(failed, expected, ran_expected)
     print(f"TorchRL {args.suite} suite gate: {passed.group(1) if passed else 0} passed, {len(unexpected)} unexpected "
           f"failures ({len(failed)} failed in all; {len(expected)} listed expected failures"
           f"{f', {len(fixed)} of them now pass' if ran_expected else ', not run'})")
-    for test in unexpected:
-        print("UNEXPECTED", test)
-    for prefix in fixed:
-        print("NOW PASSES", prefix)
+    report(unexpected, fixed)
     return 1 if unexpected or not passed else 0  # no test run at all (a missing checkout) fails the gate too
 
 
