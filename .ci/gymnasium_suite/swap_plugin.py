@@ -3,8 +3,9 @@
 Loaded with ``-p swap_plugin`` from gymnasium's test folder (``../shared/gymnasium-tests``). ``GYMSWAP=ours``
 (default) puts ``tdcollect.envs.vector.ParallelVectorEnv`` under the name ``gymnasium.vector.AsyncVectorEnv``
 before the test modules import it; ``GYMSWAP=gymnasium`` keeps gymnasium's class (the reference run).
-``GYMSWAP_RECORD=<file.json>`` writes, per test that constructed the class under that name in this process, its
-outcome: ``{node id: outcome}`` (``"passed"``, ``"failed"``, ``"skipped"``): the tests the gate counts.
+``GYMSWAP_RECORD=<file>`` writes, per test, its outcome and whether it constructed the class under that name in
+this process, to ``<file>.<xdist worker>``: ``{node id: [outcome, built]}`` (outcome ``"passed"``, ``"failed"``,
+``"skipped"``; the tests that built one are those the gate counts).
 ``GYMSWAP_SKIP=<file>`` deselects the node ids starting with a listed prefix (``<prefix>  # reason`` per line).
 """
 import json
@@ -50,7 +51,7 @@ def pytest_runtest_setup(item):
 
 
 def pytest_runtest_logreport(report):
-    if report.nodeid in _built and (report.when == "call" or report.outcome != "passed"):
+    if report.when == "call" or report.outcome != "passed":  # a setup or teardown that failed or skipped counts
         _outcomes.setdefault(report.nodeid, report.outcome)
 
 
@@ -63,4 +64,4 @@ def pytest_sessionfinish(session):
     if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(f"{path}.{worker}", "w") as f:
-            json.dump(_outcomes, f, indent=0, sort_keys=True)
+            json.dump({test: [outcome, test in _built] for test, outcome in _outcomes.items()}, f, indent=0)
