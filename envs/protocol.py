@@ -137,14 +137,29 @@ def load_info(data: bytes) -> Any:
 ORIGINAL_MAX_BYTES = 1 << 20
 
 
+def pickled_exception(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, to travel to the other process; None when it cannot be (its text travels instead)."""
+    try:
+        return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - any pickling failure means the same: send the text only
+        return None
+
+
+def unpickled_exception(blob: bytes | None) -> BaseException | None:
+    """The exception :func:`pickled_exception` sent; None when there is none, or it cannot be read here (e.g. its
+    class is not importable in this process) or is not an exception."""
+    try:
+        value = pickle.loads(blob) if blob is not None else None
+    except Exception:  # noqa: BLE001 - the text is enough
+        return None
+    return value if isinstance(value, BaseException) else None
+
+
 def error_report(exc: BaseException, during: str) -> dict:
     """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``, and ``original``:
     the exception itself, pickled (None when it cannot be, or is larger than :data:`ORIGINAL_MAX_BYTES`), so that
     the main process can raise the env's own exception type."""
-    try:
-        original = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - the text is carried without it
-        original = None
+    original = pickled_exception(exc)
     if original is not None and len(original) > ORIGINAL_MAX_BYTES:
         original = None
     return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
@@ -154,12 +169,8 @@ def error_report(exc: BaseException, during: str) -> dict:
 def worker_error(w: int, report: dict) -> EnvWorkerError:
     """The main process' exception for worker ``w``'s error report (``original``: the worker's exception
     object, when it travelled and can be read here; else None)."""
-    try:
-        original = pickle.loads(report["original"]) if report.get("original") is not None else None
-    except Exception:  # noqa: BLE001 - e.g. its class is not importable here: the text is enough
-        original = None
     error = EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
-    error.original = original if isinstance(original, BaseException) else None
+    error.original = unpickled_exception(report.get("original"))
     return error
 
 

@@ -27,6 +27,7 @@ from . import vector_worker
 from .errors import EnvWorkerError, SpecMismatchError, WorkerError
 from .factories import check_factory
 from .parallel import ParallelEnv
+from .protocol import unpickled_exception
 from .vector_layout import Actions, Observations, PickledActions, PickledObservations
 from .vector_worker import FINAL, NEXT_OBS, RESET, ROOT_OBS, STEP, Mailbox, WorkerFactory, travels_pickled
 
@@ -281,7 +282,6 @@ class EngineCore:
             yield
         except EnvWorkerError as err:
             raise worker_exception(err, err.original) from None
-        return None
 
     # ----------------------------------------------------------------- closing
     def close(self) -> None:
@@ -307,11 +307,8 @@ def _result(ok: bool, blob: bytes | None, text: str, index: int, op: str):
         except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
             raise TypeError(f"env {index}: the result of {op!r} cannot be read in the main process "
                             f"({type(exc).__name__}: {exc}).") from None
-    try:
-        error = pickle.loads(blob) if blob is not None else None
-    except Exception:  # noqa: BLE001 - the text is raised instead
-        error = None
-    if not isinstance(error, BaseException):
+    error = unpickled_exception(blob)
+    if error is None:
         error = RuntimeError(text.splitlines()[0] if text else f"env {index} failed in {op!r}")
     if hasattr(error, "add_note"):
         error.add_note(f"(raised by env {index} in its worker process, during {op!r})\n{text.rstrip()}")

@@ -43,6 +43,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .protocol import pickled_exception
 from .shared import reserve_segment
 
 SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
@@ -329,7 +330,7 @@ class EngineEnv(gym.Env):
                 value = OPS[op](self, *args)
                 out.append((position, True, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), ""))
             except Exception as exc:  # noqa: BLE001 - sent back to the main process, raised there
-                out.append((position, False, _pickled_or_none(exc), _describe(exc)))
+                out.append((position, False, pickled_exception(exc), _describe(exc)))
         return out
 
     def close(self):
@@ -368,13 +369,6 @@ class WorkerFactory:
 
 
 # ----------------------------------------------------------------- calls
-def _pickled_or_none(exc: BaseException) -> bytes | None:
-    try:
-        return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - the text description is sent instead
-        return None
-
-
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exception(exc))}"
 
