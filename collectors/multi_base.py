@@ -17,7 +17,7 @@ from torchrl.envs.utils import ExplorationType
 
 from tdcollect.envs.errors import EnvWorkerError, WorkerError
 from tdcollect.envs.group import seed_chain
-from tdcollect.envs.platform_policy import exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.platform_policy import built_on_cpu, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.pool import WorkerPool
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.specs import agreed_specs
@@ -25,7 +25,7 @@ from tdcollect.envs.specs import agreed_specs
 from .base import CollectorBase
 from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
 from .options import one_device, per_worker_frames, rounded_steps, torchrl_options
-from .policies import UNWRAPPABLE
+from .policies import UNWRAPPABLE, runs_cuda
 from .preemption import StopFlag, checked_threshold
 from .remote_calls import WorkerCalls
 from .weights import SharedWeights, policy_weights_of, requested_weights
@@ -91,6 +91,7 @@ class ProcessCollector(WorkerCalls, CollectorBase):
     per_worker_batches = False
     hooks_in_workers = True  # as TorchRL's: each worker runs them around its share of every batch
 
+    @built_on_cpu
     def __init__(self, create_env_fn, policy=None, frames_per_batch: int = 1000, total_frames: int = -1, *,
                  num_workers: int | None = None, create_env_kwargs=None, device=None, env_device=None,
                  policy_device=None, storing_device=None, split_trajs: bool = False,
@@ -150,7 +151,8 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                 run_collector_worker,
                 [(factory, payload, self._weights, self._versions_tensor, config)
                  for factory, payload in zip(pickled, payloads)],
-                handshake=self._handshake, start_method=resolve_start_method(mp_start_method), timeout=timeout,
+                handshake=self._handshake, start_method=resolve_start_method(
+                    mp_start_method, runs_cuda(config["policy_device"], module), owner), timeout=timeout,
                 owner=owner, preload=set().union(*(factory.imports for factory in pickled)),
             )
         except EnvWorkerError as err:  # a policy that cannot be wrapped is the caller's TypeError, as in TorchRL

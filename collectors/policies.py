@@ -93,6 +93,16 @@ class OnOneEnv:
         return td.update(out.unsqueeze(0))
 
 
+def runs_cuda(policy_device, module: nn.Module | None) -> bool:
+    """Whether a worker running this policy uses CUDA: its device is a CUDA one, or (no device given) the module
+    holds CUDA tensors, which the worker rebuilds where they were."""
+    if policy_device is not None:
+        return torch.device(policy_device).type == "cuda"
+    if module is None:
+        return False
+    return any(t.is_cuda for t in (*module.parameters(), *module.buffers()))
+
+
 class OnDevice:
     """Runs ``policy`` on ``device``: inputs go there through a pinned staging copy, outputs come back (on the CPU,
     the TensorDicts the policy sees carry the CPU device, as TorchRL's do for an explicit policy device)."""

@@ -8,7 +8,8 @@ forwarding (``forwarding.py``), ``close`` — lives here.
 The step buffers (``shared.py``) belong to this class: no other module touches their internals. The lean
 loops (``rollout.py``, the collectors' loop, ``AsyncParallelEnv``) use the buffer API: ``root_buffer``,
 ``next_buffer``, ``action_buffers``, ``next_done``, ``step_buffers()``, ``keep_pending_resets()`` and
-``discard_pending_resets()``; ``recorder.StepRecorder`` copies the buffers into ``[num_envs, T]`` storage.
+``discard_pending_resets()``; ``rollout.StepRecorder`` copies the buffers into ``[num_envs, T]`` storage.
+``device``: where the caller's specs and outputs live; the envs and buffers stay on the CPU.
 
 Auto-reset: every step resets the envs that ended and leaves their reset observation in the root buffer.
 ``step_and_maybe_reset`` returns it directly; after a plain ``step``, a ``reset`` whose ``"_reset"`` mask
@@ -16,6 +17,7 @@ covers those envs returns the same observation without resetting them twice.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import weakref
@@ -29,6 +31,7 @@ from .factories import update_slot_kwargs
 from .forwarding import Forwarding
 from .inputs import checked_actions, reset_mask, step_mask, value_checker
 from .one_thread import one_thread
+from .platform_policy import built_on_cpu
 from .recycle import Recycler
 from .rollout import batched_rollout
 from .shared import EnvSpecs, key_tuple
@@ -41,14 +44,16 @@ class BatchedEnv(Forwarding, EnvBase):
     element of that batch (``num_envs * prod(B)`` of them, flattened in the masks below)."""
 
     def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool = True,
-                 owner: str | None = None):
+                 owner: str | None = None, device: torch.device | None = None):
         self._in_use = threading.RLock()
         super().__init__(batch_size=torch.Size([num_envs, *specs.batch_shape]), device=torch.device("cpu"))
         self.owner = owner or type(self).__name__  # who this env is to the user, in error messages
         self.num_envs = num_envs
         self._elements = num_envs * specs.batch_numel
+        self._cast = None  # a device other than the CPU where the caller's outputs go (see ``to``)
         self.full_observation_spec = specs.observation.expand(num_envs, *specs.batch_shape)
         self.full_action_spec = specs.action.expand(num_envs, *specs.batch_shape)
+        self._cpu_action_spec = self.full_action_spec  # the buffers' and the action checks', whatever ``device``
         self.full_reward_spec = specs.reward.expand(num_envs, *specs.batch_shape)
         self.full_done_spec = specs.done.expand(num_envs, *specs.batch_shape)
         self.check_actions = check_actions
@@ -59,11 +64,11 @@ class BatchedEnv(Forwarding, EnvBase):
         #: non-tensor entries (strings, objects): not in the buffers; each env's last values are kept here
         self._non_tensor_keys = list(dict.fromkeys([*root_objects, *next_objects]))
         self._objects = {"root": [None] * num_envs, "next": [None] * num_envs}
-        self._value_checks = {key: value_checker(self.full_action_spec[key])
-                              for key in self.full_action_spec.keys(True, True)}
+        self._value_checks = {key: value_checker(spec) for key, spec in self._cpu_action_spec.items(True, True)}
         #: memory for big outputs (rollouts, step results), reused once nothing holds them (see ``recycle.py``)
         self.recycler = Recycler()
         self._bind_buffers(buffers)
+        self.to(device or "cpu")
         self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
         self._forwarding = True  # from here on, unknown public attributes are looked up on the envs
 
@@ -73,8 +78,8 @@ class BatchedEnv(Forwarding, EnvBase):
         self._root = buffers.get("root")
         self._next = buffers.get("next")
         self._action_slots = [
-            (key, buffers.get(("action", *key_tuple(key))), self.full_action_spec[key])
-            for key in self.full_action_spec.keys(True, True)
+            (key, buffers.get(("action", *key_tuple(key))), self._cpu_action_spec[key])
+            for key in self._cpu_action_spec.keys(True, True)
         ]
         done = self._next.get("done", None)
         if done is not None and done.numel() == self._elements:  # one flag per element: a view, always current
@@ -86,8 +91,7 @@ class BatchedEnv(Forwarding, EnvBase):
             self._next_done = np.zeros(self._elements, dtype=bool)
         # elements that ended in the last step and whose reset observation already sits in the root buffer
         self._pending_reset = np.zeros(self._elements, dtype=bool)
-        self._copy_root, self._copy_next = self.recycler.copier(self._root), self.recycler.copier(self._next)
-        self._copy_next_leaves = self.recycler.leaf_copier(self._next)  # step_and_maybe_reset's flat path
+        self._bind_copiers()
         self._next_batch = self._next.batch_size
         replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
         # with only top-level keys, step and step_and_maybe_reset build their outputs without TensorDict's generic path
@@ -99,6 +103,20 @@ class BatchedEnv(Forwarding, EnvBase):
         self._root_from_next = self._flat_keys and set(self._root_keys) <= set(self._next.keys())
         self._used = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
+
+    def _bind_copiers(self) -> None:
+        """The copies of the buffers a caller gets, on ``self._cast`` when set (see ``recycle.py``)."""
+        copier = self.recycler.copier
+        self._copy_root, self._copy_next = copier(self._root, self._cast), copier(self._next, self._cast)
+        self._copy_next_leaves = self.recycler.leaf_copier(self._next, self._cast)  # step_and_maybe_reset's flat path
+
+    def to(self, device) -> BatchedEnv:
+        """``EnvBase.to``: specs and outputs on ``device`` from now on (the envs and buffers stay on the CPU)."""
+        super().to(device)
+        self._cast = None if self.device.type == "cpu" else self.device
+        if not self.is_closed:  # (a closed env binds them at its start)
+            self._bind_copiers()
+        return self
 
     # ----------------------------------------------------------------- hooks for subclasses
     def _run_step(self, mask: np.ndarray | None = None) -> list | None:
@@ -262,7 +280,7 @@ class BatchedEnv(Forwarding, EnvBase):
         the others (reward)."""
         out = self._copy_next()
         if mask is not None:
-            idle = torch.from_numpy(~mask)
+            idle = torch.from_numpy(~mask).to(out.device)
             for key in out.keys(True, True):
                 value = tensordict.get(key, None)
                 out.get(key)[idle] = 0 if value is None else value[idle].to(out.get(key).dtype)
@@ -283,10 +301,10 @@ class BatchedEnv(Forwarding, EnvBase):
         self._pending_reset[:] = False
         if self._flat_keys and mask is None:  # the common case, built without TensorDict's generic paths
             leaves = self._copy_next_leaves()
-            tensordict.set("next", TensorDict._new_unsafe(leaves, batch_size=self._next_batch))
+            tensordict.set("next", TensorDict._new_unsafe(leaves, batch_size=self._next_batch, device=self._cast))
             if self._root_from_next and not self._next_done.any():
                 next_root = TensorDict._new_unsafe({key: leaves[key] for key in self._root_keys},
-                                                   batch_size=self._next_batch)
+                                                   batch_size=self._next_batch, device=self._cast)
             else:
                 next_root = self._copy_root()
             return tensordict, self._carried(tensordict, next_root)
@@ -354,10 +372,9 @@ class BatchedEnv(Forwarding, EnvBase):
         self.set_seed(seed)
 
     def update_kwargs(self, kwargs: dict | list[dict]) -> None:
-        """Update the constructors' keyword arguments: one dict for every env slot, or a list with one per slot
-        (``len(kwargs) and num_workers mismatch`` otherwise). They apply when the envs are built next: at once if
-        this env was not reset, stepped nor seeded since it started (as TorchRL's envs, which start lazily), else
-        at its next start after ``close()``."""
+        """Update the constructors' keyword arguments (one dict for every env slot, or one per slot), applied when
+        the envs are built next: at once if this env was not reset, stepped nor seeded since it started (as
+        TorchRL's envs, which start lazily), else at its next start after ``close()``."""
         update_slot_kwargs(self.create_env_kwargs, kwargs, "num_workers")
         if not self.is_closed and not self._used:
             self.close()
@@ -406,8 +423,7 @@ class BatchedEnv(Forwarding, EnvBase):
 
     @staticmethod
     def _finalize(ref) -> None:
-        env = ref()
-        if env is not None:
+        if (env := ref()) is not None:
             env.close()
 
     def _ensure_open(self) -> None:
@@ -415,6 +431,7 @@ class BatchedEnv(Forwarding, EnvBase):
             self.start()
 
     @one_thread
+    @built_on_cpu
     def start(self) -> None:
         """Start this env again if it was closed; a no-op while it is open. As with TorchRL's batched envs, a
         closed env restarts by itself at its next ``reset`` / ``step`` / ``rollout`` (e.g. after TorchRL's
@@ -424,13 +441,10 @@ class BatchedEnv(Forwarding, EnvBase):
             self._bind_buffers(self._start_again())
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):  # nothing useful can be done at garbage collection
             self.close()
-        except Exception:  # noqa: BLE001 - nothing useful can be done at garbage collection
-            pass
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(num_envs={self.num_envs}, closed={self.is_closed}, "
-            f"observation keys={list(self.full_observation_spec.keys(True, True))})"
-        )
+        return (f"{type(self).__name__}(num_envs={self.num_envs}, closed={self.is_closed}, "
+                f"observation keys={list(self.full_observation_spec.keys(True, True))})")
+

@@ -18,6 +18,12 @@ def failures_of(err: WorkerError) -> dict:
     return getattr(err, "failures", {err.worker: err})
 
 
+#: what torch says in a forked child that touches CUDA after its parent did, and what to do about it
+CUDA_AFTER_FORK = "Cannot re-initialize CUDA in forked subprocess"
+CUDA_AFTER_FORK_HINT = ("\nA worker started with 'fork' cannot use CUDA once the main process has: pass "
+                        "mp_start_method='forkserver' or 'spawn' (the script then needs a main guard).")
+
+
 class EnvWorkerError(WorkerError):
     """An exception raised inside a worker (by an env's constructor, reset, step, ...).
 
@@ -27,8 +33,9 @@ class EnvWorkerError(WorkerError):
     """
 
     def __init__(self, worker: int, exc_type: str, exc_message: str, worker_traceback: str, during: str):
+        hint = CUDA_AFTER_FORK_HINT if CUDA_AFTER_FORK in exc_message else ""
         super().__init__(
-            f"worker {worker} raised {exc_type} during {during}: {exc_message}\n"
+            f"worker {worker} raised {exc_type} during {during}: {exc_message}{hint}\n"
             f"--- traceback in worker {worker} ---\n{worker_traceback.rstrip()}",
             worker,
         )

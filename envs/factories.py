@@ -8,6 +8,7 @@ from typing import Any
 
 import cloudpickle
 import gymnasium as gym
+import torch
 from torchrl.envs import EnvBase
 
 from .errors import ArgumentError, ConstructorError
@@ -182,17 +183,22 @@ IGNORED_TORCHRL_OPTIONS = frozenset({
 })
 
 
-def check_torchrl_options(owner: str, device, options: dict) -> None:
+def check_torchrl_options(owner: str, device, options: dict) -> torch.device | None:
     """Accept TorchRL's batched-env arguments that this package honours by construction (see
     :data:`IGNORED_TORCHRL_OPTIONS`); raise :class:`~tdcollect.envs.errors.ArgumentError` for an unknown argument,
-    ``memmap=True`` and a device other than the CPU."""
+    ``memmap=True`` and a device this process cannot use. Returns ``device`` as a ``torch.device`` (None: the
+    CPU): where the batched env's data lives for its caller (its specs and outputs; the envs step on the CPU)."""
     unknown = sorted(set(options) - IGNORED_TORCHRL_OPTIONS)
     if unknown:
         raise ArgumentError(f"{owner} got unexpected keyword arguments {unknown}.")
     if options.get("memmap"):
         raise ArgumentError(f"{owner}: memmap=True is not supported; the buffers are shared memory.")
-    if device is not None and str(device) != "cpu":
-        raise ArgumentError(
-            f"{owner} runs its envs and returns its data on the CPU (device={device!r} was asked for); move the data "
-            "with torchrl.envs.TransformedEnv(env, DeviceCastTransform(device)) or in the policy."
-        )
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, TypeError) as err:
+        raise ArgumentError(f"{owner}: device={device!r} cannot be used in this process ({err}); pass a device torch "
+                            "can allocate on here (e.g. 'cpu', or 'cuda' where a GPU is visible).") from None
+    return device

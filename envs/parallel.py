@@ -11,7 +11,7 @@ from .env_worker import run_env_worker
 from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .one_thread import one_thread
-from .platform_policy import CALLER_THREADS, exit_if_bootstrapping, fits_cores, resolve_start_method
+from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, fits_cores, resolve_start_method
 from .pool import WorkerPool
 from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP
 from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
@@ -77,6 +77,8 @@ class ParallelEnv(BatchedEnv):
             while this process copies step ``t`` out of a second pair of shared buffers (allocated at the first
             such rollout). Default None: when ``num_workers + 1`` fits in the usable cores (on a full machine
             this process's copies would take the workers' cores; measured 25% slower on 2 cores, 2 workers).
+        device: where the specs and outputs live (default: the CPU); e.g. ``"cuda"``: each output is copied there
+            from the shared CPU buffers, where the envs step (``BatchedEnv.to``).
         owner: who this env is in messages, errors and worker process names (default: the class name; the
             gymnasium and SB3 faces pass theirs).
 
@@ -95,9 +97,11 @@ class ParallelEnv(BatchedEnv):
 
             create_env_fn = args[0] if args else kwargs.pop("create_env_fn")
             create_env_kwargs = args[1] if len(args) > 1 else kwargs.pop("create_env_kwargs", None)
-            return SerialEnv(1, create_env_fn, create_env_kwargs, check_actions=kwargs.get("check_actions", True))
+            return SerialEnv(1, create_env_fn, create_env_kwargs, check_actions=kwargs.get("check_actions", True),
+                             device=kwargs.get("device"))
         return super().__new__(cls)
 
+    @built_on_cpu
     def __init__(
         self,
         num_workers: int,
@@ -123,7 +127,7 @@ class ParallelEnv(BatchedEnv):
     ):
         exit_if_bootstrapping()
         owner = owner or type(self).__name__
-        check_torchrl_options(owner, device, torchrl_options)
+        device = check_torchrl_options(owner, device, torchrl_options)
         fns, kwargs = constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ArgumentError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
@@ -148,7 +152,7 @@ class ParallelEnv(BatchedEnv):
         self._start_pool()
         try:
             super().__init__(self._handshake.specs, num_envs, self._handshake.buffers, check_actions=check_actions,
-                             owner=owner)
+                             owner=owner, device=device)
         except BaseException:
             self._shutdown()
             raise

@@ -3,6 +3,7 @@ worker does when it finds itself importing an unguarded main module. Every owner
 envs' and the collectors' pools) asks here."""
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import sys
@@ -24,8 +25,20 @@ creates envs must sit under a main guard:
         env = ParallelEnv(...)
         ...
 
-Or pass mp_start_method="fork" (Linux, the default there), which does not re-run the script."""
+Or pass mp_start_method="fork" (Linux, the default there unless the workers run CUDA code), which does not
+re-run the script."""
 
+
+
+def built_on_cpu(method):
+    """Run ``method`` (a constructor, a start) with the CPU as torch's default device: the buffers, flags and
+    tables it makes are CPU memory even inside a caller's ``with torch.device("cuda"):`` block."""
+    @functools.wraps(method)
+    def on_cpu(*args, **kwargs):
+        with torch.device("cpu"):
+            return method(*args, **kwargs)
+
+    return on_cpu
 
 
 def default_start_method() -> str:
@@ -68,11 +81,23 @@ def exit_if_bootstrapping() -> None:
         os._exit(MISSING_GUARD_EXIT)
 
 
-def resolve_start_method(method: str | None) -> str:
-    method = method or default_start_method()
+def resolve_start_method(method: str | None, cuda_in_workers: bool = False, owner: str = "tdcollect") -> str:
+    """The start method to use. ``cuda_in_workers``: the workers will run CUDA code (a policy on a CUDA device).
+    A forked child cannot use CUDA once this process has initialised it, so then the default is ``"forkserver"``
+    (``"spawn"`` where the platform has no fork server: either way the script needs a main guard, as with
+    TorchRL, whose default is ``"spawn"``), and an explicit ``"fork"`` is refused here, before any worker starts."""
+    if method is None:
+        if cuda_in_workers:
+            return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        return default_start_method()
     if method not in START_METHODS:
         raise ValueError(f"mp_start_method must be one of {START_METHODS}, got {method!r}.")
+    if method == "fork" and cuda_in_workers and torch.cuda.is_initialized():
+        raise ValueError(f"{owner}: its workers run CUDA code, and a forked process cannot use CUDA once the main "
+                         "process has (here it has): pass mp_start_method='forkserver' or 'spawn' (and put the "
+                         "script's code under `if __name__ == \"__main__\":`), or leave mp_start_method unset.")
     return method
+
 
 
 def caller_threads(before: int, workers: int, num_threads: int | None = None) -> int:

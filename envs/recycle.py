@@ -18,6 +18,7 @@ is freed as soon as the user lets go of it too. ``clear()`` drops every buffer (
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import sys
 import threading
@@ -60,7 +61,7 @@ class Recycler:
         shape = torch.Size(shape)
         nbytes = shape.numel() * dtype.itemsize
         if nbytes < self.min_bytes:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(shape, dtype=dtype, device="cpu")  # (even under a default-device context)
         return torch.from_numpy(self._buffer(nbytes)).view(dtype).view(shape)
 
     def empty_like(self, template: TensorDictBase) -> TensorDictBase:
@@ -94,22 +95,27 @@ class Recycler:
         one = first[(slice(None),) * dim + (slice(0, 1),)]  # nested TensorDicts keep their own batch dims
         return torch.cat(tensordicts, dim, out=self.empty_like(one.expand(*batch)))
 
-    def copier(self, td: TensorDictBase):
+    def copier(self, td: TensorDictBase, device: torch.device | None = None):
         """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors,
         never views of the buffers; big ones in recycled memory). With only top-level leaves it is built directly, at
-        about half the cost of ``td.clone()``."""
+        about half the cost of ``td.clone()``. ``device`` (not the CPU): the copies are made there, straight from
+        ``td`` (not recycled)."""
+        if device is not None:
+            return functools.partial(_unlocked_on, td, device)
         copy_leaves = self.leaf_copier(td)
         if copy_leaves is None:
             return td.clone
         batch_size = td.batch_size
         return lambda: TensorDict._new_unsafe(copy_leaves(), batch_size=batch_size)
 
-    def leaf_copier(self, td: TensorDictBase):
-        """``copy_leaves() -> {key: tensor}``: copies of ``td``'s top-level leaves, as :meth:`copier` makes them;
-        None when ``td`` holds anything but top-level tensors."""
+    def leaf_copier(self, td: TensorDictBase, device: torch.device | None = None):
+        """``copy_leaves() -> {key: tensor}``: copies of ``td``'s top-level leaves, as :meth:`copier` makes them
+        (on ``device`` if given); None when ``td`` holds anything but top-level tensors."""
         leaves = list(td.items())
         if not all(isinstance(value, torch.Tensor) for _, value in leaves):
             return None
+        if device is not None:
+            return lambda: {key: value.to(device) for key, value in leaves}
         big = {key for key, value in leaves if value.numel() * value.element_size() >= self.min_bytes}
 
         def copy_leaves() -> dict:
@@ -184,3 +190,9 @@ def _direct(tensordicts: list[TensorDictBase]) -> bool:
 def _holds_lazy_stacks(td: TensorDictBase) -> bool:
     return isinstance(td, LazyStackedTensorDict) or any(isinstance(value, LazyStackedTensorDict)
                                                         for value in td.values(True))
+
+
+def _unlocked_on(td: TensorDictBase, device: torch.device) -> TensorDictBase:
+    """A copy of ``td`` on ``device``, unlocked (``to`` keeps the lock of a locked ``td``, e.g. shared buffers)."""
+    out = td.to(device)
+    return out.unlock_() if out.is_locked else out

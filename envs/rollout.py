@@ -196,13 +196,13 @@ def batched_rollout(env, max_steps: int, policy, callback, auto_reset: bool, bre
                     break_when_all_done: bool | None, tensordict: TensorDictBase | None,
                     kwargs: dict) -> TensorDictBase:
     """``env.rollout(...)`` (see ``BatchedEnv.rollout``): the lean paths, or ``EnvBase.rollout`` for a callback,
-    the rarer options and non-tensor entries."""
+    the rarer options, non-tensor entries and outputs on another device than the CPU."""
     rare = {k: v for k, v in kwargs.items() if v is not None and v is not False}
     rare.pop("return_contiguous", None)
     rare.pop("trust_policy", None)
     storing_device = rare.pop("storing_device", None)
     out = rare.pop("out", None)
-    if callback is not None or break_when_all_done or rare or env._non_tensor_keys:
+    if callback is not None or break_when_all_done or rare or env._non_tensor_keys or env._cast is not None:
         return EnvBase.rollout(
             env, max_steps, policy, callback, auto_reset=auto_reset, break_when_any_done=break_when_any_done,
             break_when_all_done=break_when_all_done, tensordict=tensordict, storing_device=storing_device,

@@ -8,6 +8,7 @@ import numpy as np
 from .batched import BatchedEnv
 from .factories import bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .group import EnvGroup
+from .platform_policy import built_on_cpu
 from .shared import allocate_buffers
 from .specs import check_same_specs
 
@@ -32,6 +33,7 @@ class SerialEnv(BatchedEnv):
     Its data equals a :class:`~tdcollect.envs.ParallelEnv` of the same constructors, seeds and actions, bit for bit.
     """
 
+    @built_on_cpu
     def __init__(
         self,
         num_envs: int,
@@ -45,14 +47,16 @@ class SerialEnv(BatchedEnv):
         **torchrl_options,
     ):
         owner = owner or "SerialEnv"
-        check_torchrl_options(owner, device, {k: v for k, v in torchrl_options.items() if k not in _SERIAL_NO_OPS})
+        options = {k: v for k, v in torchrl_options.items() if k not in _SERIAL_NO_OPS}
+        device = check_torchrl_options(owner, device, options)
         self.create_env_fn, self.create_env_kwargs = constructors_and_kwargs(
             create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
         self.num_workers = num_envs
         self._group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner=owner)
         buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
         self._group.bind(buffers)
-        super().__init__(self._group.specs, num_envs, buffers, check_actions=check_actions, owner=owner)
+        super().__init__(self._group.specs, num_envs, buffers, check_actions=check_actions, owner=owner,
+                         device=device)
         self.check_values = bool(check_values)
 
     def _start_again(self):

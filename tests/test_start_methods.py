@@ -63,3 +63,28 @@ def test_guarded_script_runs_under_spawn(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=80)
     assert proc.returncode == 0, proc.stderr
     assert "rollout torch.Size([2, 3])" in proc.stdout
+
+
+def test_workers_that_run_cuda_do_not_fork(monkeypatch):
+    """A forked child cannot use CUDA once the parent has: a policy on a CUDA device makes the collectors' default
+    the fork server, an explicit 'fork' is refused before anything starts, and the error of a forked worker that
+    touched CUDA says what to pass."""
+    from torch import nn
+
+    from tdcollect.collectors.policies import runs_cuda
+    from tdcollect.envs.errors import EnvWorkerError
+    from tdcollect.envs.platform_policy import resolve_start_method
+
+    assert runs_cuda("cuda:0", None) and runs_cuda(torch.device("cuda"), nn.Linear(2, 2))
+    assert not runs_cuda(None, nn.Linear(2, 2)) and not runs_cuda("cpu", None) and not runs_cuda(None, None)
+    assert resolve_start_method(None, cuda_in_workers=True) == "forkserver"
+    assert resolve_start_method(None) == default_start_method()
+    assert resolve_start_method("spawn", cuda_in_workers=True) == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ValueError, match="MultiSyncCollector: its workers run CUDA code.*mp_start_method='forkserver'"):
+        resolve_start_method("fork", cuda_in_workers=True, owner="MultiSyncCollector")
+    assert resolve_start_method("fork") == "fork"  # CPU workers fork as before
+    err = EnvWorkerError(0, "RuntimeError", "Cannot re-initialize CUDA in forked subprocess. To use CUDA ...", "tb",
+                         "construction")
+    assert "pass mp_start_method='forkserver' or 'spawn'" in str(err)
+    assert "mp_start_method" not in str(EnvWorkerError(0, "ValueError", "bad", "tb", "step"))

@@ -41,8 +41,11 @@ def test_construction_errors_are_runtime_errors_too():
         ParallelEnv(1, TorchCountingEnv, envs_per_worker=0)
     with pytest.raises(ArgumentError, match="unexpected keyword arguments"):
         ParallelEnv(1, TorchCountingEnv, no_such_option=1)
-    with pytest.raises(ArgumentError, match="DeviceCastTransform"):
-        ParallelEnv(1, TorchCountingEnv, device="cuda")
+    with pytest.raises(ArgumentError, match="device='no_such_device' cannot be used in this process"):
+        ParallelEnv(1, TorchCountingEnv, device="no_such_device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ArgumentError, match="device=device\\(type='cuda'\\) cannot be used in this process"):
+            ParallelEnv(1, TorchCountingEnv, device="cuda")
 
 
 def test_torchrl_arguments_keep_their_meaning(no_leaks):
