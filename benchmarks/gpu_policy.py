@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 
 import torch
 
@@ -118,6 +120,10 @@ def main(argv=None) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)
+    sys.stdout.flush()
+    # TorchRL's MultiSyncCollector leaves a weight-sync scheme whose __del__ starts a queue thread at interpreter
+    # exit, which never returns (seen with torchrl 0.14.1): leave without running the finalizers
+    os._exit(0)
 
 
 if __name__ == "__main__":
