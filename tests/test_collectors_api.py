@@ -37,8 +37,10 @@ def test_collector_entry_point_returns_the_process_collectors(no_leaks):
         assert type(asynchronous) is MultiAsyncCollector and asynchronous.num_workers == 3  # TorchRL's default
     with pytest.raises(ValueError, match="num_collectors=2 but 3 env constructors"):
         Collector([COUNTING] * 3, None, num_collectors=2, frames_per_batch=10)
-    with pytest.raises(ValueError, match="backend='ray' is not supported.*RayCollector"):
+    with pytest.raises(ValueError, match="backend='ray' gives tdcollect's RayCollector.*pass sync=True"):
         Collector(COUNTING, None, backend="ray", num_collectors=2, frames_per_batch=10)
+    with pytest.raises(ValueError, match="backend='rpc' is not supported.*backend='ray'"):
+        Collector(COUNTING, None, backend="rpc", num_collectors=2, frames_per_batch=10)
     with pytest.raises(ValueError, match="sync choose process collectors"):
         Collector(COUNTING, None, sync=True, frames_per_batch=10)
 

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from tdcollect.collectors import MultiSyncCollector  # noqa: E402
+from tdcollect.collectors import Collector, MultiSyncCollector  # noqa: E402
 from tdcollect.envs import EnvWorkerError, SpecMismatchError  # noqa: E402
 from tests.conftest import wait_gone  # noqa: E402
 from tests.helpers import BoundedObsEnv, CountingEnv, CrashOnceEnv, FaultyEnv, cartpole  # noqa: E402
@@ -49,12 +49,17 @@ def test_same_batches_as_multisync(ray_cluster):
         pids = collector.worker_pids
         assert collector.weight_versions == [0, 0] and collector.restarts == [0, 0]
     assert not wait_gone(pids, within=10.0), "shutdown() left actor processes behind"
-    assert len(batches) == len(expected) == 3
-    for batch, reference in zip(batches, expected):
+    # TorchRL's entry point: Collector(..., backend="ray", num_collectors=N, sync=True) is our RayCollector
+    with Collector(cartpole, policy, backend="ray", num_collectors=2, sync=True, **kwargs) as entry:
+        assert type(entry) is RayCollector and entry.num_workers == 2
+        entry.set_seed(7)
+        by_entry = list(entry)
+    assert len(batches) == len(expected) == len(by_entry) == 3
+    for batch, reference, other in zip(batches, expected, by_entry):
         assert batch.batch_size == reference.batch_size == (2, 10)
         assert set(batch.keys(True, True)) == set(reference.keys(True, True)) == KEYS
         for key in KEYS:  # same seeds, same policy: the very same data
-            assert torch.equal(batch[key], reference[key]), key
+            assert torch.equal(batch[key], reference[key]) and torch.equal(other[key], reference[key]), key
 
 
 def test_weight_updates_reach_every_actor(ray_cluster):
