@@ -32,9 +32,13 @@ re-run the script."""
 
 def built_on_cpu(method):
     """Run ``method`` (a constructor, a start) with the CPU as torch's default device: the buffers, flags and
-    tables it makes are CPU memory even inside a caller's ``with torch.device("cuda"):`` block."""
+    tables it makes are CPU memory even inside a caller's ``with torch.device("cuda"):`` block. Only then is a
+    device mode entered: workers forked inside one would run every torch call of their life through it (measured:
+    +25 µs per step of CartPole 2 x 4)."""
     @functools.wraps(method)
     def on_cpu(*args, **kwargs):
+        if torch.get_default_device().type == "cpu":
+            return method(*args, **kwargs)
         with torch.device("cpu"):
             return method(*args, **kwargs)
 
