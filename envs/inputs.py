@@ -32,6 +32,8 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
                 f"the input tensordict has no {key!r} entry; {owner} expects one of "
                 f"shape {expected} and dtype {buffer.dtype}."
             )
+        if value.device.type != "cpu":  # (a policy on a GPU): checked here, on its way to the CPU buffer
+            value = value.cpu()
         value = in_spec_shape(value, expected)
         if tuple(value.shape) != expected:
             raise ValueError(

@@ -147,3 +147,17 @@ def test_device_cuda_batched_env_gives_the_cpu_data_on_the_gpu(cls, no_leaks):
     for cpu, cuda in zip(runs["cpu"], runs["cuda"], strict=True):
         assert on_cuda(cuda)
         assert (cuda.cpu() == cpu).all()
+
+
+def test_continuous_actions_from_the_gpu(no_leaks):
+    """Bounded actions on the GPU are checked against the spec's bounds on their way to the CPU buffers."""
+    import gymnasium as gym
+
+    with ParallelEnv(2, lambda: gym.make("Pendulum-v1"), envs_per_worker=2, device="cuda") as env:
+        root = env.reset()
+        root["action"] = torch.zeros((4, 1), device="cuda")
+        stepped, root = env.step_and_maybe_reset(root)
+        assert on_cuda(stepped) and on_cuda(root)
+        root["action"] = torch.full((4, 1), 5.0, device="cuda")  # outside [-2, 2]
+        with pytest.raises(ValueError, match="outside its spec"):
+            env.step_and_maybe_reset(root)
