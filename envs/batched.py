@@ -447,4 +447,3 @@ class BatchedEnv(Forwarding, EnvBase):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_envs={self.num_envs}, closed={self.is_closed}, "
                 f"observation keys={list(self.full_observation_spec.keys(True, True))})")
-
