@@ -51,7 +51,7 @@ class WorkerView(ParallelEnv):
         rows = np.concatenate([np.arange(w * k, (w + 1) * k) for w in workers])
         buffers = allocate_buffers(parent._env_specs, len(rows), shared=False)
         BatchedEnv.__init__(self, parent._env_specs, len(rows), buffers, check_actions=parent.check_actions,
-                            owner=f"{parent.owner}[workers {list(workers)}]")
+                            owner=f"{parent.owner}[workers {list(workers)}]", device=parent.device)
         self.__dict__["parent"] = parent  # held, not registered as a submodule (its state is not the view's)
         self.check_values = parent.check_values
         self.workers, self._rows = list(workers), rows

@@ -72,5 +72,7 @@ def test_to_the_cpu_keeps_the_env(no_leaks):
         env.to("meta")
         assert env.device.type == "meta" and env.observation_spec.device.type == "meta"
         assert env._copy_root()["observation"].device.type == "meta"
+        view = env[1:]  # a view of some workers: the parent's device
+        assert view.device.type == "meta" and view._copy_root()["observation"].device.type == "meta"
         env.to("cpu")
         assert env._copy_root()["observation"].device.type == "cpu" and env.observation_spec.device.type == "cpu"
