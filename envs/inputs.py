@@ -103,15 +103,14 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def value_checker(spec: TensorSpec):
     """``check(value) -> bool``: are all of ``value``'s entries inside ``spec`` (shape and dtype are the
-    caller's to check)? ``OneHot`` rows must be 0/1 with at most one 1; ``Categorical`` (integers) and
-    ``Bounded`` specs are checked with numpy reductions on the CPU (NaN is outside any bounds); any other spec, or
-    a value on another device, goes through ``spec.is_in``, and floating-point values must also be finite."""
+    caller's to check; ``value`` is a CPU tensor, as :func:`checked_actions` hands it over)? ``OneHot`` rows must be
+    0/1 with at most one 1; ``Categorical`` (integers) and ``Bounded`` specs are checked with numpy reductions (NaN
+    is outside any bounds); any other spec goes through ``spec.is_in``, and floating-point values must also be
+    finite."""
     if type(spec) is Categorical and not spec.dtype.is_floating_point and spec.dtype is not torch.bool:
         n = int(spec.space.n)
 
         def check_categorical(value: torch.Tensor) -> bool:
-            if value.device.type != "cpu":
-                return bool(spec.is_in(value))
             array = value.detach().numpy()
             # one reduction: viewed as unsigned, negative values are larger than any valid one
             return array.size == 0 or bool(array.view(_UNSIGNED[array.itemsize]).max() < n)
@@ -129,8 +128,6 @@ def value_checker(spec: TensorSpec):
         low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
 
         def check_bounded(value: torch.Tensor) -> bool:
-            if value.device.type != "cpu":
-                return bool(spec.is_in(value))
             array = value.detach().numpy()
             return bool(((array >= low) & (array <= high)).all())
 

@@ -103,7 +103,6 @@ def resolve_start_method(method: str | None, cuda_in_workers: bool = False, owne
     return method
 
 
-
 def caller_threads(before: int, workers: int, num_threads: int | None = None) -> int:
     """This process' torch threads while ``workers`` workers run, as TorchRL sets them: ``num_threads`` if given,
     else one fewer per worker than ``before``, at least 1."""

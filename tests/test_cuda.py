@@ -21,6 +21,15 @@ pytestmark = [pytest.mark.timeout(180),
 COUNTING = functools.partial(CountingEnv, episode_len=7)
 
 
+class Argmax(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, obs):
+        return self.linear(obs).argmax(-1)
+
+
 def count_policy(sign: float = 1.0) -> TensorDictModule:
     """Action 1 once an episode's step count passes 2.5, else 0 (``sign=-1``: the other way round); exact on
     any device."""
@@ -29,14 +38,7 @@ def count_policy(sign: float = 1.0) -> TensorDictModule:
         linear.weight.zero_()
         linear.weight[1, 0] = sign
         linear.bias.copy_(torch.tensor([0.0, -2.5 * sign, -1e3]))
-
-    class Argmax(nn.Module):
-        def forward(self, obs):
-            return linear(obs).argmax(-1)
-
-    module = Argmax()
-    module.linear = linear
-    return TensorDictModule(module, in_keys=["observation"], out_keys=["action"])
+    return TensorDictModule(Argmax(linear), in_keys=["observation"], out_keys=["action"])
 
 
 def expected_actions(obs: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
