@@ -29,7 +29,7 @@ from torchrl.envs import EnvBase
 
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
-from .inputs import checked_actions, reset_mask, step_mask, value_checker
+from .inputs import checked_actions, reset_mask, set_child, step_mask, value_checker
 from .one_thread import one_thread
 from .platform_policy import built_on_cpu
 from .recycle import Recycler
@@ -267,7 +267,7 @@ class BatchedEnv(Forwarding, EnvBase):
                 or "_step" in keys or "next" in keys):
             return super().step(tensordict)
         self._step_in_place(tensordict, None)
-        return tensordict.set("next", self._copy_next())
+        return set_child(tensordict, "next", self._copy_next())
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
@@ -301,8 +301,9 @@ class BatchedEnv(Forwarding, EnvBase):
         self._pending_reset[:] = False
         if self._flat_keys and mask is None:  # the common case, built without TensorDict's generic paths
             leaves = self._copy_next_leaves()
-            tensordict.set("next", TensorDict._new_unsafe(leaves, batch_size=self._next_batch, device=self._cast))
-            if self._root_from_next and not self._next_done.any():
+            set_child(tensordict, "next", TensorDict._new_unsafe(leaves, batch_size=self._next_batch,
+                                                                 device=self._cast))
+            if self._root_from_next and not np.count_nonzero(self._next_done):
                 next_root = TensorDict._new_unsafe({key: leaves[key] for key in self._root_keys},
                                                    batch_size=self._next_batch, device=self._cast)
             else:
@@ -349,7 +350,8 @@ class BatchedEnv(Forwarding, EnvBase):
     def _write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
         values = self.checked_actions(tensordict, self.num_envs, self._value_checks, check)
         for (_, buffer, _), value in zip(self._action_slots, values):
-            buffer.copy_(value.detach())  # (an action that requires grad must not tie the buffers to its graph)
+            # (an action that requires grad must not tie the buffers to its graph)
+            buffer.copy_(value.detach() if value.requires_grad else value)
 
     def checked_actions(self, tensordict: TensorDictBase, n: int, value_checks: dict,
                         check: bool | None = None) -> list[torch.Tensor]:
@@ -394,9 +396,8 @@ class BatchedEnv(Forwarding, EnvBase):
 
         The storage is new memory the caller owns, or memory of an earlier rollout that nothing holds any more
         (``recycle.py``): a rollout the caller still holds is never written again. ``out`` (a TensorDict of batch
-        ``[num_envs, max_steps]`` with this rollout's keys, e.g. an earlier rollout's output) opts in to
-        writing into the caller's own storage; it is returned (cut to the steps taken when an episode ended).
-        """
+        ``[num_envs, max_steps]`` with this rollout's keys, e.g. an earlier rollout's output) opts in to writing
+        into the caller's own storage; it is returned (cut to the steps taken when an episode ended)."""
         return batched_rollout(self, max_steps, policy, callback, auto_reset, break_when_any_done,
                                break_when_all_done, tensordict, kwargs)
 

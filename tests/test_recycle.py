@@ -7,6 +7,7 @@ import gc
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
@@ -247,6 +248,24 @@ def test_step_outputs_the_caller_holds_are_never_overwritten():
         assert len(frames) == len(held) and env.recycler.kept_bytes > 0
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16,
+                                   torch.complex64])
+def test_leaf_copies_are_new_tensors_with_the_values_shapes_dtypes_and_order(dtype):
+    """Small leaves (copied through numpy where their dtype has a twin), big ones (recycled) and the others
+    (cloned) come back as fresh tensors: writing the source afterwards leaves the copies as they were."""
+    source = TensorDict({"small": torch.arange(12).reshape(4, 3).to(dtype), "scalar": torch.ones(4, dtype=dtype),
+                         "big": torch.arange(4 * 70_000).reshape(4, -1).to(torch.float32)}, [4])
+    recycler = Recycler()
+    expected = source.clone()
+    copies = recycler.leaf_copier(source)()
+    assert list(copies) == list(source.keys())
+    source.apply_(lambda leaf: leaf.zero_())
+    for key, leaf in copies.items():
+        assert leaf.dtype == expected[key].dtype and leaf.shape == expected[key].shape
+        assert torch.equal(leaf, expected[key]), key
+    assert recycler.kept_bytes > 0  # the big leaf came from recycled memory
 
 
 def test_big_fresh_buffers_are_mapped_and_prefaulted_without_changing_a_byte():

@@ -79,6 +79,10 @@ def test_value_checker_agrees_with_is_in():
         (Bounded(-1.0, 1.0, shape=(2,), dtype=torch.bfloat16), [torch.zeros(2, dtype=torch.bfloat16),
                                                                  torch.full((2,), 3.0, dtype=torch.bfloat16)]),
         (MultiCategorical([2, 3], shape=(2,)), [torch.tensor([1, 2]), torch.tensor([2, 0])]),
+        # more than _FEW integer actions: checked by a numpy reduction instead of Python's min / max
+        (Categorical(3, shape=(100,)), [torch.arange(100) % 3, torch.arange(100) % 4, -(torch.arange(100) % 2)]),
+        (Categorical(3, shape=(2, 1), dtype=torch.int32), [torch.tensor([[2], [0]], dtype=torch.int32),
+                                                           torch.tensor([[2], [-5]], dtype=torch.int32)]),
         (Bounded(0, 5, shape=(3,), dtype=torch.int64), [torch.tensor([0, 5, 3]), torch.tensor([0, 6, 3])]),
     ]
     # Bounded(...) builds a BoundedContinuous / BoundedDiscrete: both take the numpy path (spec.is_in costs
