@@ -160,9 +160,9 @@ def action_reader(space: spaces.Space):
     if isinstance(space, spaces.Tuple):
         readers = [(str(j), action_reader(sub)) for j, sub in enumerate(space.spaces)]
         return lambda node, i: tuple(read(node[key], i) for key, read in readers)
-    if isinstance(space, spaces.Discrete):
-        start = int(space.start)
-        return lambda array, i: int(array[i]) + start
+    if isinstance(space, spaces.Discrete):  # a numpy scalar of the space's dtype, as gymnasium's vector envs pass
+        start, scalar = space.start, space.dtype.type
+        return lambda array, i: scalar(array[i] + start)
     if isinstance(space, spaces.MultiDiscrete):
         start, dtype = space.start, space.dtype
         return lambda array, i: (array[i] + start).astype(dtype)
