@@ -71,8 +71,8 @@ class ParallelEnv(BatchedEnv):
             ``truncated`` (and ``done``) with the reset observation as ``("next", obs)`` and reward 0; the other
             workers' data is untouched. A warning is issued and ``restarts`` counts them per worker.
         spin_s: seconds the main process and the workers poll for each other before blocking (see
-            ``pool.py``). Default None: 1 ms when ``num_workers + 1`` fits in the usable cores, else 0 (block
-            at once: spinning on a full machine slows the workers down).
+            ``pool.py``). Default None: 1 ms up to two workers per usable core, else 0 (block at once: more
+            pollers than that slow the workers down; ``platform_policy.SPIN_WORKERS_PER_CORE``).
         pipeline: whether ``rollout`` (random actions) pipelines its steps: the workers run step ``t + 1``
             while this process copies step ``t`` out of a second pair of shared buffers (allocated at the first
             such rollout). Default None: when ``num_workers + 1`` fits in the usable cores (on a full machine

@@ -8,7 +8,7 @@ While it waits, the main process checks every ``poll_s`` that the worker is aliv
 Waiting: waking a process blocked on a semaphore costs more than a cheap step on a VM; polling the semaphore
 answers at once but burns a core. So both sides wait as ``protocol.Wait`` does: sleep through the part of the
 wait their recent waits say is sure to pass, poll for up to ``spin_s`` seconds, then block; and
-``platform_policy.default_spin_s`` only polls when every worker and the main process can have a core of their own.
+``platform_policy.default_spin_s`` polls up to two workers per usable core, and blocks at once beyond.
 """
 from __future__ import annotations
 

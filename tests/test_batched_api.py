@@ -259,13 +259,14 @@ def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass():
     assert len(wait.recent) <= RECENT_WAITS
 
 
-def test_spinning_is_automatic_only_with_a_core_for_every_process(monkeypatch):
+def test_spinning_is_automatic_up_to_two_workers_per_core(monkeypatch):
     from tdcollect.envs import platform_policy as pool
 
     monkeypatch.setattr(pool, "usable_cores", lambda: 4)
-    assert pool.default_spin_s(3) == pool.SPIN_S
-    assert pool.default_spin_s(4) == 0.0
-    assert pool.resolve_spin_s(None, 3) == pool.SPIN_S and pool.resolve_spin_s(0, 3) == 0.0
+    assert pool.default_spin_s(1) == pool.default_spin_s(8) == pool.SPIN_S
+    assert pool.default_spin_s(9) == 0.0
+    assert pool.resolve_spin_s(None, 8) == pool.SPIN_S and pool.resolve_spin_s(0, 3) == 0.0
+    assert pool.resolve_spin_s(None, 9) == 0.0 and pool.resolve_spin_s(0.002, 9) == 0.002
 
 
 def test_policy_rollout_matches_random_rollout_structure(kind, no_leaks):
