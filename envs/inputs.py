@@ -131,7 +131,7 @@ def value_checker(spec: TensorSpec):
         n = int(spec.space.n)
 
         def check_categorical(value: torch.Tensor) -> bool:
-            array = (value.detach() if value.requires_grad else value).numpy()
+            array = value.numpy()  # (integers: never part of a graph)
             if array.size <= _FEW:  # (a numpy reduction costs more than Python's max over a short list)
                 flat = array.ravel().tolist()
                 return not flat or (min(flat) >= 0 and max(flat) < n)
