@@ -13,14 +13,16 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
     2  protocol, shared, specs, factories, gym_io
     1  errors, inputs, values, recycle, forwarding, one_thread, preload, meltingpot_install
 
-Route of one ``ParallelEnv.step`` (7 of our files in this process, 3 in a worker):
+Route of one ``ParallelEnv.step`` (7 of our files in this process, 3 in a worker; 4 when it fills an output slot):
 ``batched.BatchedEnv.step`` (guarded by ``one_thread``) -> ``inputs.checked_actions`` into the action buffer ->
 ``parallel.ParallelEnv._run_step`` -> ``pool.WorkerPool.run`` (wake each worker, ``protocol.Wait`` for each) ->
 in each worker ``protocol.WorkerChannel.serve`` -> ``group.EnvGroup.step`` -> the family's stepper in
-``adapters.py`` (step, auto-reset, write its rows of the shared buffers) -> back, the next buffer copied out with
-``recycle``'s leaf copier. ``ParallelVectorEnv.step`` adds ``vector.py`` -> ``vector_core.EngineCore`` (actions
-written by ``vector_layout``) in front of ``BatchedEnv.step_buffers``, and ``vector_worker.EngineEnv`` (autoreset
-mode, infos to the mailbox) between the stepper and the user's env.
+``adapters.py`` (step, auto-reset, write its rows of the shared buffers), then ``env_worker.Staging`` copies its
+rows of the big "next" leaves into an output slot -> back, the small leaves copied out with ``recycle``'s leaf
+copier and the big ones handed out from the slot (``recycle.OutputSlots``). ``ParallelVectorEnv.step`` adds
+``vector.py`` -> ``vector_core.EngineCore`` (actions written by ``vector_layout``) in front of
+``BatchedEnv.step_buffers``, and ``vector_worker.EngineEnv`` (autoreset mode, infos to the mailbox) between the
+stepper and the user's env.
 """
 from . import view  # noqa: F401 - env[...] of a ParallelEnv: view.py sets ParallelEnv.view_class
 from .async_parallel import AsyncParallelEnv

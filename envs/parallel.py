@@ -5,16 +5,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from .batched import BatchedEnv
 from .env_worker import run_env_worker
-from .errors import ArgumentError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
+from .errors import ArgumentError, SharedMemoryError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .one_thread import one_thread
 from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, fits_cores, resolve_start_method
 from .pool import WorkerPool
-from .protocol import PARTIAL_STEP, RESET, STAGED_STEP, STEP
-from .shared import EnvSpecs, allocate_buffers, allocate_staging, in_shared_memory
+from .protocol import OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STAGED_STEP, STEP
+from .recycle import OutputSlots, numpy_of
+from .shared import EnvSpecs, allocate_buffers, allocate_copies, in_shared_memory
 from .specs import agreed_specs
 
 
@@ -90,6 +92,7 @@ class ParallelEnv(BatchedEnv):
     #: whether this process's torch threads are lowered by one per worker while the workers run (TorchRL's
     #: ParallelEnv does so); the gymnasium and SB3 faces leave their callers' threads alone
     adjusts_caller_threads = True
+    _out: OutputSlots | None = None  # the output slots (see _run_step; a view has none: its parent steps)
 
     def __new__(cls, num_workers: int = 1, *args, serial_for_single: bool = False, **kwargs):
         if serial_for_single and num_workers == 1:  # TorchRL's option: one env needs no worker process
@@ -149,6 +152,7 @@ class ParallelEnv(BatchedEnv):
                                   shutdown_timeout=shutdown_timeout)
         self.pipeline = fits_cores(num_workers) if pipeline is None else bool(pipeline)
         self._staging = self._staging_generation = None  # see staging_buffers()
+        self._out = OutputSlots()  # see _run_step
         self._start_pool()
         try:
             super().__init__(self._handshake.specs, num_envs, self._handshake.buffers, check_actions=check_actions,
@@ -195,14 +199,70 @@ class ParallelEnv(BatchedEnv):
 
     # ----------------------------------------------------------------- commands
     def _run_step(self, mask: np.ndarray | None = None) -> list | None:
+        """While callers take each step's outputs (``step_and_maybe_reset``, ``step``: see ``_bind_copiers``), a full
+        step fills a free output slot (``SLOT_STEP``) which the outputs hand out: this process copies no frame. (A
+        rollout reads the buffers itself: its steps fill none, after the first.)"""
+        out = self._out
+        out.filled = None
         if mask is None:
-            return self._run_and_gather(STEP, list(range(self.num_workers)))
+            p = self._free_slot() if out.wanted else None
+            out.wanted = False
+            if p is None:
+                return self._run_and_gather(STEP, list(range(self.num_workers)))
+            replies = self._run_and_gather(SLOT_STEP[p], list(range(self.num_workers)))
+            if out.restarts == self._pool.restarts:  # no worker was replaced during the step: the slot holds it all
+                out.filled = p
+            return replies
         self._step_mask[:] = mask
         per_worker = mask.reshape(self.num_workers, self.envs_per_worker).any(1)
         return self._run_and_gather(PARTIAL_STEP, np.flatnonzero(per_worker).tolist())
 
+    def _bind_copiers(self) -> None:
+        """As ``BatchedEnv``'s; on the CPU, the copiers of the next buffer hand out the slot the step filled (and
+        note that the outputs are wanted: the next step fills a slot)."""
+        super()._bind_copiers()
+        out, copy_leaves = self._out, self._copy_next_leaves
+        if out is None or copy_leaves is None or self._cast is not None:  # (a view: no slots of its own)
+            return
+
+        def next_leaves() -> dict:
+            p, out.filled, out.wanted = out.filled, None, True
+            return copy_leaves() if p is None else out.leaves(p)
+
+        batch_size = self._next.batch_size
+        self._copy_next_leaves = next_leaves
+        self._copy_next = lambda: TensorDict._new_unsafe(next_leaves(), batch_size=batch_size)
+
+    def _free_slot(self) -> int | None:
+        """A free output slot (the slots made and given to the workers first, again to workers replaced since), or
+        None: none free, or nothing to hand out (no big leaf, outputs on a device, /dev/shm full)."""
+        out = self._out
+        if not out.made:
+            out.made = True
+            self._make_slots()
+        if out.buffers is None or self._cast is not None:
+            return None
+        if out.restarts != self._pool.restarts:
+            self._bind_in_workers("bind_slots", out.buffers)
+            out.restarts = list(self._pool.restarts)
+        return out.free()
+
+    def _make_slots(self) -> None:
+        """Output slots in shared memory for the "next" leaves of ``recycler.min_bytes`` or more with a numpy dtype
+        (none when ``/dev/shm`` cannot hold them: the outputs are then copied)."""
+        big = [key for key, value in self._next.items() if self._flat_keys  # (then each is a top-level tensor)
+               and value.numel() * value.element_size() >= self.recycler.min_bytes and numpy_of(value) is not None]
+        if not big:
+            return
+        try:
+            buffers = allocate_copies(self._step_buffers.select(*[("next", key) for key in big]), OUTPUT_SLOTS,
+                                      "the output slots of step_and_maybe_reset")
+        except SharedMemoryError:
+            return
+        self._out.hold(buffers, big, list(self._next.keys()), self.recycler.leaf_copier(self._next.exclude(*big)))
+
     def staging_buffers(self):
-        """Allocated at the first call (shared memory, see ``shared.allocate_staging``) and given to the workers,
+        """Allocated at the first call (shared memory, see ``shared.allocate_copies``) and given to the workers,
         again to workers started since."""
         self._ensure_open()
         return self._bound_staging()
@@ -214,12 +274,16 @@ class ParallelEnv(BatchedEnv):
         generation = tuple(self._pool.restarts)
         if self._staging is None or self._staging_generation != generation:
             if self._staging is None:
-                self._staging = allocate_staging(self._step_buffers)
-            k = self.envs_per_worker
-            self._run(self._pool.call, "bind_staging",
-                      [(self._staging, slice(w * k, (w + 1) * k)) for w in range(self.num_workers)])
+                self._staging = allocate_copies(self._step_buffers.select("root", "next"), 2,
+                                                "the pipelined rollout's staging buffers")
+            self._bind_in_workers("bind_staging", self._staging)
             self._staging_generation = generation
         return self._staging
+
+    def _bind_in_workers(self, call: str, buffers) -> None:
+        """``call(buffers, its rows)`` in each worker."""
+        k = self.envs_per_worker
+        self._run(self._pool.call, call, [(buffers, slice(w * k, (w + 1) * k)) for w in range(self.num_workers)])
 
     @one_thread
     def start_staged_step(self, parity: int) -> None:
@@ -288,10 +352,8 @@ class ParallelEnv(BatchedEnv):
         return self.view_class(self, item)
 
     def __setitem__(self, item, value) -> None:
-        raise NotImplementedError(
-            "writing an env into a ParallelEnv (snapshot writeback) is not supported: its envs are built in their "
-            "workers from constructors; use update_kwargs() and restart it instead."
-        )
+        raise NotImplementedError("writing an env into a ParallelEnv (snapshot writeback) is not supported: its envs "
+                                  "are built in their workers from constructors; use update_kwargs() and restart it.")
 
     def _run(self, fn, *args):
         """Run a pool command. Failed workers are replaced while ``max_restarts`` allows (then the command's
@@ -300,7 +362,7 @@ class ParallelEnv(BatchedEnv):
         try:
             return fn(*args)
         except WorkerError as err:
-            self._recover(err, stepping=fn == self._pool.run and args[0] in (STEP, PARTIAL_STEP))
+            self._recover(err, stepping=fn == self._pool.run and args[0] in (STEP, PARTIAL_STEP, *SLOT_STEP))
         except KeyboardInterrupt:
             self.close()
             raise
@@ -368,6 +430,7 @@ class ParallelEnv(BatchedEnv):
     def _shutdown(self) -> None:
         self._pool.stop()
         self._reset_mask = self._step_mask = self._staging = None
+        self._out.forget()  # (the slots handed out stay valid: their memory lives as long as they do)
         self._handshake.release()
         CALLER_THREADS.give_back(self)
 

@@ -54,6 +54,10 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
                     ``buffers["next"]`` into staging copy ``p`` (0 or 1), which it was given by
                     ``CALL bind_staging``: the main process reads step ``t`` there while the workers
                     run step ``t + 1`` (pipelined rollouts, see ``ParallelEnv.start_staged_step``)
+``SLOT_STEP[p]``    ParallelEnv: ``STEP``, then copy its rows of the big leaves of ``buffers["next"]``
+                    into output slot ``p`` (given by ``CALL bind_slots``), whose memory the main
+                    process hands out as the step's own tensors (see ``ParallelEnv`` and
+                    ``recycle.OutputSlots``)
 ``RESET``           ParallelEnv: reset its envs whose ``reset_mask`` row is True (seeded if a seed
                     is pending)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
@@ -101,13 +105,15 @@ from .errors import EnvWorkerError
 # command codes
 STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
 STAGED_STEP = (6, 7)  # into staging copy 0 / 1
+OUTPUT_SLOTS = 4  # output slots of a ParallelEnv (see SLOT_STEP)
+SLOT_STEP = tuple(range(8, 8 + OUTPUT_SLOTS))  # into output slot 0 .. OUTPUT_SLOTS - 1
 CALL, CLOSE = 100, 101
 NOTIFY = 0x100
 # status codes
 OK, FAILED = 0, 1
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
-    STEP: "step", PARTIAL_STEP: "partial step", STAGED_STEP[0]: "step", STAGED_STEP[1]: "step", RESET: "reset",
+    STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*STAGED_STEP, *SLOT_STEP), "step"), RESET: "reset",
     COLLECT: "collection",
     COLLECT_RANDOM: "collection (random actions)",
     CALL: "a call", CLOSE: "close",

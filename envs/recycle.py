@@ -14,10 +14,13 @@ buffer's reference count is down to the recycler's own, nothing else can read or
 Only buffers of at least ``min_bytes`` are recycled (smaller ones come from the allocator's own free lists and
 are cheap). The recycler keeps at most ``keep`` buffers of one size and ``max_bytes`` in all; what it lets go
 is freed as soon as the user lets go of it too. ``clear()`` drops every buffer (the env's ``close()`` does).
+
+:class:`OutputSlots` applies the same rule to memory the workers write: a ParallelEnv step's big leaves are
+copied by the workers into a free slot, and this process hands the slot out as the step's own tensors, without
+copying a frame itself.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import mmap
@@ -48,6 +51,8 @@ _libc = None
 
 # References to a kept buffer while nobody else holds one: the recycler's list and getrefcount's argument.
 _OWN_REFS = 2
+# ... to a slot's array: its tuple, the loop's name for it and getrefcount's argument (see OutputSlots.free)
+_SLOT_REFS = 3
 
 
 class Recycler:
@@ -118,11 +123,8 @@ class Recycler:
         if device is not None:
             return lambda: {key: value.to(device) for key, value in leaves}
         big = {key for key, value in leaves if value.numel() * value.element_size() >= self.min_bytes}
-        arrays = {}  # the small leaves, copied through numpy: about half the cost of clone() per tensor
-        for key, value in leaves:
-            if key not in big:
-                with contextlib.suppress(TypeError):  # a dtype numpy lacks (bfloat16): cloned below
-                    arrays[key] = value.numpy()
+        # the small leaves, copied through numpy: about half the cost of clone() per tensor (bfloat16: cloned below)
+        arrays = {key: array for key, value in leaves if key not in big and (array := numpy_of(value)) is not None}
         rest = [(key, value) for key, value in leaves if key not in arrays]
         order = [key for key, _ in leaves]
         from_numpy = torch.from_numpy
@@ -166,6 +168,59 @@ class Recycler:
             buffers.pop(0)
             if not buffers:
                 del self._buffers[nbytes]
+
+
+class OutputSlots:
+    """Slots for the big leaves of a ParallelEnv step's output, which the workers fill and this process hands out
+    uncopied.
+
+    :meth:`hold` takes the slots: ``buffers``, batch ``[count, num_envs]``, the leaves ``("next", key)`` for each of
+    ``keys``, in memory the workers write (shared memory). After the workers copied a step's leaves into slot ``p``,
+    :meth:`leaves` gives the step's ``"next"`` leaves in ``order``: the ``keys`` as tensors over slot ``p``, the
+    others as ``copy_small()`` copies them. A slot is filled again only when :meth:`free` finds that nothing holds
+    it (no tensor, view or numpy array: the rule of the module docstring). To torch the tensors handed out are
+    plain CPU tensors, not shared ones: one sent to another process is copied on the way, as any other.
+
+    The env's state around them: ``made`` (it tried to make them), ``restarts`` (its pool's replacement counts when
+    the workers were given the slots), ``wanted`` (a caller took the last step's outputs: the next step fills a
+    slot), ``filled`` (the slot the last step filled, or None)."""
+
+    def __init__(self):
+        self.wanted = False
+        self.forget()
+
+    def forget(self) -> None:
+        """No slots (the env closed: the tensors handed out stay valid, their memory lives as long as they do)."""
+        self.made, self.buffers, self.restarts, self.filled, self._arrays = False, None, None, None, []
+
+    def hold(self, buffers: TensorDictBase, keys: list[str], order: list[str], copy_small) -> None:
+        self.buffers = buffers
+        self._arrays = [tuple(slot.get(("next", key)).numpy() for key in keys) for slot in buffers.unbind(0)]
+        self._keys, self._order, self._copy_small, self._last = keys, order, copy_small, -1
+
+    def free(self) -> int | None:
+        """A slot that nothing holds (looking from the one after the last handed out), or None."""
+        count = len(self._arrays)
+        for i in range(1, count + 1):
+            p = (self._last + i) % count
+            if all(sys.getrefcount(array) <= _SLOT_REFS for array in self._arrays[p]):
+                return p
+        return None
+
+    def leaves(self, p: int) -> dict:
+        """``{key: tensor}`` of the step the workers copied into slot ``p``, in ``order``."""
+        self._last = p
+        out = self._copy_small()
+        out.update(zip(self._keys, map(torch.from_numpy, self._arrays[p])))
+        return {key: out[key] for key in self._order}
+
+
+def numpy_of(value: torch.Tensor) -> np.ndarray | None:
+    """``value.numpy()``, or None for a dtype numpy lacks (bfloat16)."""
+    try:
+        return value.numpy()
+    except TypeError:
+        return None
 
 
 def _fresh(nbytes: int) -> np.ndarray:

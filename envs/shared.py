@@ -254,12 +254,13 @@ def numpy_tree(td: TensorDictBase) -> dict:
     return tree
 
 
-def allocate_staging(buffers: TensorDictBase) -> TensorDict:
-    """Two copies of the ``"root"`` and ``"next"`` buffers in shared memory, batch ``[2, num_envs, *B]``: after a
-    staged step, each worker copies its rows of the step's results into copy ``t % 2``, so that the main process
-    can read step ``t`` while the workers run step ``t + 1`` (see ``ParallelEnv.start_staged_step``)."""
-    results = buffers.select("root", "next")
-    return in_shared_memory(torch.stack([results, results]).clone(), "the pipelined rollout's staging buffers")
+def allocate_copies(results: TensorDictBase, count: int, what: str) -> TensorDict:
+    """``count`` copies of ``results`` (some of the buffers, e.g. ``"root"`` and ``"next"``) in shared memory, batch
+    ``[count, num_envs, *B]``, that workers copy their rows of a step's results into: the pipelined rollout's two
+    staging copies (the main process reads step ``t`` while the workers run step ``t + 1``, see
+    ``ParallelEnv.start_staged_step``) and ParallelEnv's output slots (see ``recycle.OutputSlots``). ``what``
+    names them in a :class:`SharedMemoryError`."""
+    return in_shared_memory(torch.stack([results] * count).clone(), what)
 
 
 class StageCopy:

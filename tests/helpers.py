@@ -127,6 +127,20 @@ class FrameCountingEnv(CountingEnv):
         return np.full((84, 84, 3), self.count * 10 + int(action), np.uint8), reward, terminated, truncated, info
 
 
+class FrameCrashOnceEnv(FrameCountingEnv):
+    """FrameCountingEnv that is SIGKILLed at step ``at_step`` of its first life (see :class:`CrashOnceEnv`)."""
+
+    def __init__(self, marker: str, at_step: int = 4):
+        super().__init__()
+        self.marker, self.at_step = marker, at_step
+
+    def step(self, action):
+        if self.count + 1 == self.at_step and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            crash("kill")
+        return super().step(action)
+
+
 class OtherShapeEnv(CountingEnv):
     """Like CountingEnv but with a 5-dim observation (for spec mismatch tests)."""
 

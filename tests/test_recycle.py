@@ -2,6 +2,7 @@
 holds keep their values while later ones are made; memory that nothing holds any more is reused (that is what
 makes image observations cheap); ``rollout(out=...)`` and ``return_same_td=True`` are the opt-ins that write into
 the caller's storage."""
+import functools
 import gc
 
 import numpy as np
@@ -11,9 +12,10 @@ from tensordict import TensorDict
 
 from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.recycle import Recycler
+from tdcollect.envs.protocol import OUTPUT_SLOTS
+from tdcollect.envs.recycle import OutputSlots, Recycler
 
-from .helpers import FrameCountingEnv
+from .helpers import FrameCountingEnv, FrameCrashOnceEnv
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -248,6 +250,76 @@ def test_step_outputs_the_caller_holds_are_never_overwritten():
         assert len(frames) == len(held) and env.recycler.kept_bytes > 0
     finally:
         env.close()
+
+
+# ----------------------------------------------------------------- a ParallelEnv's step outputs: the output slots
+def test_output_slots_are_handed_out_again_only_when_nothing_holds_them():
+    slots = OutputSlots()
+    frames = TensorDict({"next": {"frame": torch.arange(3 * 2 * 5, dtype=torch.uint8).reshape(3, 2, 5)}}, [3, 2])
+    slots.hold(frames, ["frame"], ["reward", "frame"], lambda: {"reward": torch.zeros(2, 1)})
+    handed = []
+    for _ in range(3):
+        p = slots.free()
+        leaves = slots.leaves(p)
+        assert list(leaves) == ["reward", "frame"] and torch.equal(leaves["frame"], frames.get(("next", "frame"))[p])
+        handed.append((p, leaves["frame"]))
+    assert slots.free() is None and sorted(p for p, _ in handed) == [0, 1, 2]
+    kept = {"view": handed[0][1][1:], "array": handed[1][1].numpy()}  # a view, a numpy array: both hold their slot
+    del handed[:2], leaves
+    assert slots.free() is None
+    kept.pop("view")
+    assert slots.free() == 0
+    kept.clear()
+    handed.clear()
+    again = []  # nothing holds any slot now: each is handed out once more, then none is free
+    for _ in range(3):
+        p = slots.free()
+        assert p is not None
+        again.append(slots.leaves(p))
+    assert slots.free() is None
+
+
+@pytest.mark.parametrize("call", ["step_and_maybe_reset", "step"])
+def test_parallel_step_frames_come_uncopied_from_the_workers_and_are_never_overwritten(call, no_leaks):
+    # 16 frames of 21 KB a step: the workers copy them into a free output slot, handed out as the step's own
+    with ParallelEnv(2, FrameCountingEnv, envs_per_worker=8) as env:
+        env.set_seed(0)
+        td = env.reset()
+        held, view, from_slot = [], None, []
+        for t in range(20):
+            td["action"] = env.full_action_spec.rand()["action"]
+            if call == "step":
+                stepped = env.step(td)
+                td = stepped.get("next").select("observation").clone()
+            else:
+                stepped, td = env.step_and_maybe_reset(td)
+            assert (stepped.get("next") == env.next_buffer).all()
+            frame = stepped.get(("next", "observation"))
+            slots = env._out.buffers  # (made once a caller took a step's outputs)
+            from_slot.append(slots is not None and frame.data_ptr() in
+                             {slots.get(("next", "observation"))[p].data_ptr() for p in range(OUTPUT_SLOTS)})
+            assert not frame.is_shared()  # (sent to another process, it is copied there)
+            if t % 6 == 0:
+                held.append((stepped, stepped.clone()))
+            if t == 3:
+                view = (frame[2:5], frame[2:5].clone())  # a view keeps its slot as well
+        assert all((kept == copy).all() for kept, copy in held)
+        assert torch.equal(*view)
+        # from the second step on the frames are the slots'; once the caller holds every slot, they are copied
+        assert all(from_slot[1:4]) and not all(from_slot), from_slot
+
+
+def test_a_worker_replaced_during_a_step_gets_the_output_slots_again(tmp_path, no_leaks):
+    factories = [FrameCountingEnv, functools.partial(FrameCrashOnceEnv, str(tmp_path / "crashed"), 4)]
+    with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+        with ParallelEnv(2, factories, envs_per_worker=8, max_restarts=1) as env:
+            td = env.reset()
+            for _ in range(10):
+                td["action"] = env.full_action_spec.rand()["action"]
+                stepped, td = env.step_and_maybe_reset(td)
+                assert (stepped.get("next") == env.next_buffer).all()
+            assert env.restarts == [0, 1]
+            assert env._out.restarts == [0, 1]  # bound again in the new worker
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64, torch.float32, torch.bfloat16,
