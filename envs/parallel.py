@@ -218,11 +218,16 @@ class ParallelEnv(BatchedEnv):
         return self._run_and_gather(PARTIAL_STEP, np.flatnonzero(per_worker).tolist())
 
     def _bind_copiers(self) -> None:
-        """As ``BatchedEnv``'s; on the CPU, the copiers of the next buffer hand out the slot the step filled (and
-        note that the outputs are wanted: the next step fills a slot)."""
+        """As ``BatchedEnv``'s; on the CPU, with "next" leaves of ``recycler.min_bytes`` or more (with a numpy dtype:
+        frames), the copiers of the next buffer hand out the slot the step filled (and note that the outputs are
+        wanted: the next step fills a slot). Other envs (small leaves only) keep the plain copiers."""
         super()._bind_copiers()
         out, copy_leaves = self._out, self._copy_next_leaves
         if out is None or copy_leaves is None or self._cast is not None:  # (a view: no slots of its own)
+            return
+        out.keys = [key for key, value in self._next.items()  # (all top-level tensors: copy_leaves exists)
+                    if value.numel() * value.element_size() >= self.recycler.min_bytes and numpy_of(value) is not None]
+        if not out.keys:
             return
 
         def next_leaves() -> dict:
@@ -237,8 +242,7 @@ class ParallelEnv(BatchedEnv):
         """A free output slot (the slots made and given to the workers first, again to workers replaced since), or
         None: none free, or nothing to hand out (no big leaf, outputs on a device, /dev/shm full)."""
         out = self._out
-        if not out.made:
-            out.made = True
+        if not out.made:  # (also after a fork: see recycle.OutputSlots)
             self._make_slots()
         if out.buffers is None or self._cast is not None:
             return None
@@ -248,11 +252,12 @@ class ParallelEnv(BatchedEnv):
         return out.free()
 
     def _make_slots(self) -> None:
-        """Output slots in shared memory for the "next" leaves of ``recycler.min_bytes`` or more with a numpy dtype
-        (none when ``/dev/shm`` cannot hold them: the outputs are then copied)."""
-        big = [key for key, value in self._next.items() if self._flat_keys  # (then each is a top-level tensor)
-               and value.numel() * value.element_size() >= self.recycler.min_bytes and numpy_of(value) is not None]
-        if not big:
+        """Output slots in shared memory for the leaves ``_out.keys`` (none when ``/dev/shm`` cannot hold them: the
+        outputs are then copied)."""
+        out, big = self._out, self._out.keys
+        out.forget()  # (older slots, e.g. before a fork, are never filled again)
+        out.made = True
+        if not self._flat_keys:
             return
         try:
             buffers = allocate_copies(self._step_buffers.select(*[("next", key) for key in big]), OUTPUT_SLOTS,

@@ -24,8 +24,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import os
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -179,15 +181,19 @@ class OutputSlots:
     :meth:`leaves` gives the step's ``"next"`` leaves in ``order``: the ``keys`` as tensors over slot ``p``, the
     others as ``copy_small()`` copies them. A slot is filled again only when :meth:`free` finds that nothing holds
     it (no tensor, view or numpy array: the rule of the module docstring). To torch the tensors handed out are
-    plain CPU tensors, not shared ones: one sent to another process is copied on the way, as any other.
+    plain CPU tensors, not shared ones: one sent to another process is copied on the way, as any other. A process
+    forked from this one would share the slots' memory instead: before any fork, every env retires its slots (the
+    next step makes new ones; the old ones are never filled again), so a child holding a frame sees it as it was.
 
-    The env's state around them: ``made`` (it tried to make them), ``restarts`` (its pool's replacement counts when
-    the workers were given the slots), ``wanted`` (a caller took the last step's outputs: the next step fills a
-    slot), ``filled`` (the slot the last step filled, or None)."""
+    The env's state around them: ``keys`` (its "next" leaves that slots hold or would hold), ``made`` (it tried to
+    make them), ``restarts`` (its pool's replacement counts when the workers were given the slots), ``wanted`` (a
+    caller took the last step's outputs: the next step fills a slot), ``filled`` (the slot the last step filled, or
+    None)."""
 
     def __init__(self):
-        self.wanted = False
+        self.wanted, self.keys = False, []
         self.forget()
+        _LIVE_SLOTS.add(self)
 
     def forget(self) -> None:
         """No slots (the env closed: the tensors handed out stay valid, their memory lives as long as they do)."""
@@ -196,7 +202,7 @@ class OutputSlots:
     def hold(self, buffers: TensorDictBase, keys: list[str], order: list[str], copy_small) -> None:
         self.buffers = buffers
         self._arrays = [tuple(slot.get(("next", key)).numpy() for key in keys) for slot in buffers.unbind(0)]
-        self._keys, self._order, self._copy_small, self._last = keys, order, copy_small, -1
+        self.keys, self._order, self._copy_small, self._last = keys, order, copy_small, -1
 
     def free(self) -> int | None:
         """A slot that nothing holds (looking from the one after the last handed out), or None."""
@@ -211,8 +217,20 @@ class OutputSlots:
         """``{key: tensor}`` of the step the workers copied into slot ``p``, in ``order``."""
         self._last = p
         out = self._copy_small()
-        out.update(zip(self._keys, map(torch.from_numpy, self._arrays[p])))
+        out.update(zip(self.keys, map(torch.from_numpy, self._arrays[p])))
         return {key: out[key] for key in self._order}
+
+
+_LIVE_SLOTS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _retire_slots_before_fork() -> None:
+    for slots in list(_LIVE_SLOTS):
+        slots.made = False  # (only a flag: a step on another thread may be handing one out)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_retire_slots_before_fork)
 
 
 def numpy_of(value: torch.Tensor) -> np.ndarray | None:

@@ -309,6 +309,34 @@ def test_parallel_step_frames_come_uncopied_from_the_workers_and_are_never_overw
         assert all(from_slot[1:4]) and not all(from_slot), from_slot
 
 
+def _compare_when_told(frame, copy, go, answer):
+    go.wait(60)
+    answer.put(bool(torch.equal(frame, copy)))
+
+
+def test_a_frame_held_by_a_forked_process_is_never_refilled(no_leaks):
+    ctx = torch.multiprocessing.get_context("fork")
+    go, answer = ctx.Event(), ctx.SimpleQueue()
+    with ParallelEnv(2, FrameCountingEnv, envs_per_worker=8) as env:
+        td = env.reset()
+        for _ in range(3):
+            td["action"] = env.full_action_spec.rand()["action"]
+            stepped, td = env.step_and_maybe_reset(td)
+        frame = stepped.get(("next", "observation"))
+        slots = env._out.buffers.get(("next", "observation"))
+        assert frame.data_ptr() in {slots[p].data_ptr() for p in range(OUTPUT_SLOTS)}
+        child = ctx.Process(target=_compare_when_told, args=(frame, frame.clone(), go, answer))
+        child.start()
+        del stepped, frame, slots, td  # only the forked process holds the frame now
+        td = env.reset()
+        for _ in range(3 * OUTPUT_SLOTS):
+            td["action"] = env.full_action_spec.rand()["action"]
+            _, td = env.step_and_maybe_reset(td)
+        go.set()
+        assert answer.get() is True, "the forked process saw its frame change"
+        child.join(30)
+
+
 def test_a_worker_replaced_during_a_step_gets_the_output_slots_again(tmp_path, no_leaks):
     factories = [FrameCountingEnv, functools.partial(FrameCrashOnceEnv, str(tmp_path / "crashed"), 4)]
     with pytest.warns(RuntimeWarning, match="restarting worker 1"):
