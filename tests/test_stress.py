@@ -40,8 +40,13 @@ class Killer(threading.Thread):
             pids = self.pids()
             if pids:
                 try:
-                    psutil.Process(rng.choice(pids)).kill()
-                    self.kills += 1
+                    pid = rng.choice(pids)
+                    # only a process below this one: a worker's id freed and reused in the meantime (e.g. by one
+                    # of this process' threads, whose ids share the pid space) is left alone
+                    victim = next((p for p in psutil.Process().children(recursive=True) if p.pid == pid), None)
+                    if victim is not None:
+                        victim.kill()
+                        self.kills += 1
                 except psutil.NoSuchProcess:
                     pass
 
