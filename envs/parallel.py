@@ -246,9 +246,10 @@ class ParallelEnv(BatchedEnv):
             self._make_slots()
         if out.buffers is None or self._cast is not None:
             return None
-        if out.restarts != self._pool.restarts:
+        while out.restarts != self._pool.restarts:  # (again if a worker was replaced during the call)
+            restarts = list(self._pool.restarts)
             self._bind_in_workers("bind_slots", out.buffers)
-            out.restarts = list(self._pool.restarts)
+            out.restarts = restarts
         return out.free()
 
     def _make_slots(self) -> None:
@@ -264,7 +265,7 @@ class ParallelEnv(BatchedEnv):
                                       "the output slots of step_and_maybe_reset")
         except SharedMemoryError:
             return
-        self._out.hold(buffers, big, list(self._next.keys()), self.recycler.leaf_copier(self._next.exclude(*big)))
+        out.hold(buffers, big, list(self._next.keys()), self.recycler.leaf_copier(self._next.exclude(*big)))
 
     def staging_buffers(self):
         """Allocated at the first call (shared memory, see ``shared.allocate_copies``) and given to the workers,
