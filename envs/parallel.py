@@ -246,10 +246,7 @@ class ParallelEnv(BatchedEnv):
             self._make_slots()
         if out.buffers is None or self._cast is not None:
             return None
-        while out.restarts != self._pool.restarts:  # (again if a worker was replaced during the call)
-            restarts = list(self._pool.restarts)
-            self._bind_in_workers("bind_slots", out.buffers)
-            out.restarts = restarts
+        out.restarts = self._bind_in_workers("bind_slots", out.buffers, out.restarts)
         return out.free()
 
     def _make_slots(self) -> None:
@@ -276,20 +273,21 @@ class ParallelEnv(BatchedEnv):
     def _bound_staging(self):
         if not self.pipeline or self._handshake.has_objects:
             return None
-        # a new pool starts with no staging (``_shutdown`` drops it); a replaced worker shows in ``restarts``
-        generation = tuple(self._pool.restarts)
-        if self._staging is None or self._staging_generation != generation:
-            if self._staging is None:
-                self._staging = allocate_copies(self._step_buffers.select("root", "next"), 2,
-                                                "the pipelined rollout's staging buffers")
-            self._bind_in_workers("bind_staging", self._staging)
-            self._staging_generation = generation
+        if self._staging is None:  # (a new pool starts with none: ``_shutdown`` drops it)
+            self._staging = allocate_copies(self._step_buffers.select("root", "next"), 2,
+                                            "the pipelined rollout's staging buffers")
+            self._staging_generation = None
+        self._staging_generation = self._bind_in_workers("bind_staging", self._staging, self._staging_generation)
         return self._staging
 
-    def _bind_in_workers(self, call: str, buffers) -> None:
-        """``call(buffers, its rows)`` in each worker."""
+    def _bind_in_workers(self, call: str, buffers, bound: list | None) -> list:
+        """``call(buffers, its rows)`` in each worker, unless ``bound`` (the pool's ``restarts`` when they last got
+        them) is current; again while a worker is replaced during the call. Returns the ``restarts`` now bound."""
         k = self.envs_per_worker
-        self._run(self._pool.call, call, [(buffers, slice(w * k, (w + 1) * k)) for w in range(self.num_workers)])
+        while bound != self._pool.restarts:
+            bound = list(self._pool.restarts)
+            self._run(self._pool.call, call, [(buffers, slice(w * k, (w + 1) * k)) for w in range(self.num_workers)])
+        return bound
 
     @one_thread
     def start_staged_step(self, parity: int) -> None:
