@@ -145,7 +145,7 @@ class BatchLoop:
     def _prepare_lean(self) -> None:
         env = self.env
         self._bound_root = env.root_buffer
-        self.recorder = StepRecorder(env, self.storage)
+        self.recorder = StepRecorder.of(env, self.storage)
         root = env.root_buffer
         root_set = set(self.recorder.root_keys)
         self.policy_keys = [k for k in self.storage_keys

@@ -1,6 +1,6 @@
 """The ParallelEnv worker's process body: builds its envs (an :class:`~.group.EnvGroup`) in the worker process, binds
 them to its rows of the shared buffers and serves the commands of the worker protocol (``protocol.py``): ``STEP``,
-``PARTIAL_STEP``, ``STAGED_STEP``, ``SLOT_STEP``, ``RESET`` and ``CALL`` (its declared calls)."""
+``PARTIAL_STEP``, ``STAGED_STEP``, ``SLOT_STEP``, ``ROLL``, ``RESET`` and ``CALL`` (its declared calls)."""
 from __future__ import annotations
 
 import functools
@@ -9,8 +9,10 @@ import os
 import torch
 
 from .group import EnvGroup
-from .protocol import PARTIAL_STEP, RESET, SLOT_STEP, STAGED_STEP, STEP, WorkerChannel
-from .shared import StageCopy
+from .protocol import PARTIAL_STEP, RESET, ROLL, SLOT_STEP, STAGED_STEP, STEP, WorkerChannel
+from .recycle import populate
+from .rollout import StepRecorder
+from .shared import StageCopy, key_tuple
 
 
 class Staging:
@@ -35,11 +37,48 @@ class Staging:
         return objects
 
 
+class Recording:
+    """A ParallelEnv worker's ``ROLL``: steps ``t0 .. t1 - 1`` of a rollout run here one after the other, each
+    recorded straight into this worker's rows of the rollout's storage (shared memory, bound by the
+    ``bind_rollout`` call): the main process waits once for the whole span (see ``worker_rollout.py``)."""
+
+    def __init__(self, group, buffers, index: int):
+        self.group, self.buffers, self.index = group, buffers, index  # buffers: the worker's rows
+        self.recorders: dict[int, tuple[StepRecorder, int]] = {}  # storage key -> (its recorder, its steps)
+        self.control = None  # this worker's (key, t0, t1)
+
+    def bind(self, payload, rows: slice) -> None:
+        """Take storage ``key`` (``payload = (key, its shared.MappedTensors [num_envs, *B, T], control, keys)``; rows
+        ``rows`` are this worker's), and let go of any storage not in ``keys`` (those the main process keeps)."""
+        key, mapped, control, keys = payload
+        storage = mapped.tensordict()
+        if key not in self.recorders:  # its pages made here, all at once, rather than one by one while stepping
+            for array in mapped.arrays:
+                populate(array[rows])
+        self.recorders = {k: v for k, v in self.recorders.items() if k in keys}
+        self.control = control[self.index].numpy()
+        buffers = self.buffers
+        actions = [(k, buffers.get(("action", *key_tuple(k)))) for k in buffers["action"].keys(True, True)]
+        self.recorders[key] = (StepRecorder(storage[rows], buffers["root"], buffers["next"], actions,
+                                            storage.batch_dims - 1), storage.batch_size[-1])
+
+    def roll(self) -> None:
+        control = self.control
+        recorder, steps = self.recorders[int(control[0])]
+        for t in range(int(control[1]), int(control[2])):
+            recorder.load_actions(t)
+            self.group.step()
+            recorder.record_next(t)
+            if t + 1 < steps:
+                recorder.record_root(t + 1)
+            control[1] = t + 1
+
+
 def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, threads: int = 1) -> None:
     """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor)
     here, in this process, with ``threads`` torch threads, then serves ``STEP``, ``STAGED_STEP``, ``SLOT_STEP``,
-    ``RESET`` and the calls ``set_seed``, ``env_attribute`` (its :class:`EnvGroup`'s), ``bind_staging`` and
-    ``bind_slots``."""
+    ``ROLL``, ``RESET`` and the calls ``set_seed``, ``env_attribute`` (its :class:`EnvGroup`'s), ``bind_staging``,
+    ``bind_slots`` and ``bind_rollout``."""
     channel.start()
     torch.set_num_threads(threads)
     try:
@@ -58,12 +97,14 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
             channel.fail_start(exc, "start-up")
         resets, steps = reset_mask[rows].numpy(), step_mask[rows].numpy()
         staging = Staging(group, buffers[rows])
+        recording = Recording(group, buffers[rows], channel.index)
         if channel.ready(os.getpid()):
             copied = {code: functools.partial(staging.step, code) for code in (*STAGED_STEP, *SLOT_STEP)}
             channel.serve({STEP: group.step, PARTIAL_STEP: lambda: group.step(steps), **copied,
-                           RESET: lambda: group.reset(resets)},
+                           ROLL: recording.roll, RESET: lambda: group.reset(resets)},
                           {"set_seed": group.set_seed, "env_attribute": group.env_attribute,
-                           "bind_staging": staging.bind, "bind_slots": staging.bind_slots})
+                           "bind_staging": staging.bind, "bind_slots": staging.bind_slots,
+                           "bind_rollout": recording.bind})
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:

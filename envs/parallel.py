@@ -18,6 +18,7 @@ from .protocol import OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STAGED_STEP,
 from .recycle import OutputSlots, numpy_of
 from .shared import EnvSpecs, allocate_buffers, allocate_copies, in_shared_memory
 from .specs import agreed_specs
+from .worker_rollout import WorkerRollouts
 
 
 class BufferHandshake:
@@ -153,6 +154,7 @@ class ParallelEnv(BatchedEnv):
         self.pipeline = fits_cores(num_workers) if pipeline is None else bool(pipeline)
         self._staging = self._staging_generation = None  # see staging_buffers()
         self._out = OutputSlots()  # see _run_step
+        self.worker_rollouts = WorkerRollouts(self)  # rollouts with random actions (see worker_rollout.py)
         self._start_pool()
         try:
             super().__init__(self._handshake.specs, num_envs, self._handshake.buffers, check_actions=check_actions,
@@ -435,6 +437,7 @@ class ParallelEnv(BatchedEnv):
         self._pool.stop()
         self._reset_mask = self._step_mask = self._staging = None
         self._out.forget()  # (the slots handed out stay valid: their memory lives as long as they do)
+        self.worker_rollouts.forget()  # (as are the rollouts)
         self._handshake.release()
         CALLER_THREADS.give_back(self)
 

@@ -58,6 +58,11 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
                     into output slot ``p`` (given by ``CALL bind_slots``), whose memory the main
                     process hands out as the step's own tensors (see ``ParallelEnv`` and
                     ``recycle.OutputSlots``)
+``ROLL``            ParallelEnv: run steps ``t0 .. t1 - 1`` of a rollout (``control[w] = (key, t0, t1)``,
+                    int64 in shared memory), each with its rows of the actions in the rollout's
+                    storage ``key`` (given by ``CALL bind_rollout``), recording each step's results
+                    straight into that storage (and ``control[w, 1]``: the next step to run), with
+                    no hand-off per step (see ``worker_rollout.py``)
 ``RESET``           ParallelEnv: reset its envs whose ``reset_mask`` row is True (seeded if a seed
                     is pending)
 ``COLLECT``         MultiSyncCollector: fill its storage with the next ``T`` steps, policy actions
@@ -107,6 +112,7 @@ STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
 STAGED_STEP = (6, 7)  # into staging copy 0 / 1
 OUTPUT_SLOTS = 4  # output slots of a ParallelEnv (see SLOT_STEP)
 SLOT_STEP = tuple(range(8, 8 + OUTPUT_SLOTS))  # into output slot 0 .. OUTPUT_SLOTS - 1
+ROLL = 8 + OUTPUT_SLOTS
 CALL, CLOSE = 100, 101
 NOTIFY = 0x100
 # status codes
@@ -114,7 +120,7 @@ OK, FAILED = 0, 1
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
     STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*STAGED_STEP, *SLOT_STEP), "step"), RESET: "reset",
-    COLLECT: "collection",
+    ROLL: "rollout", COLLECT: "collection",
     COLLECT_RANDOM: "collection (random actions)",
     CALL: "a call", CLOSE: "close",
 }

@@ -193,7 +193,7 @@ class OutputSlots:
     def __init__(self):
         self.wanted, self.keys = False, []
         self.forget()
-        _LIVE_SLOTS.add(self)
+        retire_before_fork(self)
 
     def forget(self) -> None:
         """No slots (the env closed: the tensors handed out stay valid, their memory lives as long as they do)."""
@@ -220,17 +220,27 @@ class OutputSlots:
         out.update(zip(self.keys, map(torch.from_numpy, self._arrays[p])))
         return {key: out[key] for key in self._order}
 
+    def retire(self) -> None:
+        """Never fill the slots handed out so far again (before a fork of this process)."""
+        self.made = False  # (only a flag: a step on another thread may be handing one out)
 
-_LIVE_SLOTS: weakref.WeakSet = weakref.WeakSet()
+
+_RETIRE_BEFORE_FORK: weakref.WeakSet = weakref.WeakSet()
 
 
-def _retire_slots_before_fork() -> None:
-    for slots in list(_LIVE_SLOTS):
-        slots.made = False  # (only a flag: a step on another thread may be handing one out)
+def retire_before_fork(holder) -> None:
+    """Call ``holder.retire()`` before any fork of this process, as long as ``holder`` lives: for memory handed out
+    that the workers may fill again (output slots, rollout storages), which a forked child would share."""
+    _RETIRE_BEFORE_FORK.add(holder)
+
+
+def _retire_before_fork() -> None:
+    for holder in list(_RETIRE_BEFORE_FORK):
+        holder.retire()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_retire_slots_before_fork)
+    os.register_at_fork(before=_retire_before_fork)
 
 
 def numpy_of(value: torch.Tensor) -> np.ndarray | None:
@@ -247,17 +257,19 @@ def _fresh(nbytes: int) -> np.ndarray:
     if nbytes < MAPPED_BYTES or sys.platform != "linux":
         return np.empty(nbytes, dtype=np.uint8)
     buffer = np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
-    threading.Thread(target=_populate, args=(buffer,), name="tdcollect-prefault", daemon=True).start()
+    threading.Thread(target=populate, args=(buffer,), name="tdcollect-prefault", daemon=True).start()
     return buffer
 
 
-def _populate(buffer: np.ndarray) -> None:
-    """Fault ``buffer``'s pages in (the GIL is released meanwhile); nothing where the kernel cannot."""
+def populate(array: np.ndarray) -> None:
+    """Fault the pages of ``array`` (contiguous) in, writable, leaving its bytes as they are (the GIL is released
+    meanwhile); nothing where the kernel cannot."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    _libc.madvise(buffer.ctypes.data, buffer.nbytes, _MADV_POPULATE_WRITE)  # (holding buffer: it stays mapped)
+    start = array.ctypes.data & ~(mmap.PAGESIZE - 1)  # (madvise takes whole pages)
+    _libc.madvise(start, array.ctypes.data + array.nbytes - start, _MADV_POPULATE_WRITE)  # (array keeps it mapped)
 
 
 def _direct(tensordicts: list[TensorDictBase]) -> bool:

@@ -15,24 +15,32 @@ LARGE_BYTES = 16384  # leaves of at least this many bytes per step are copied by
 
 
 class StepRecorder:
-    """Copies between the buffers of ``env`` (a ``BatchedEnv``) and column ``t`` of ``storage``.
+    """Copies between step buffers and column ``t`` of ``storage``.
 
-    ``storage`` (batch ``[*env.batch_size, T]``) must hold the env's root keys (observation keys, done flags),
-    its action keys and ``"next"`` with its next keys (observation keys, reward, done flags). ``results``: where
-    to read the root and next from instead of the env's buffers (``"root"`` and ``"next"`` laid out as them: one
-    of the env's staging copies).
+    ``storage`` (batch ``[*batch, T]``, time at dim ``tdim``) must hold the keys of ``root`` (observation keys, done
+    flags), the ``actions`` keys and ``"next"`` with the keys of ``next_`` (observation keys, reward, done flags);
+    ``root`` and ``next_`` are laid out as a batched env's root and next buffers (batch ``[*batch]``), ``actions``
+    is ``[(action key, buffer)]``. :meth:`of` makes one for a ``BatchedEnv``; a ParallelEnv worker makes one over its
+    rows of a rollout's storage (``env_worker.Recording``).
     """
 
-    def __init__(self, env, storage: TensorDictBase, results: TensorDictBase | None = None):
-        root, next_ = (env.root_buffer, env.next_buffer) if results is None else (results["root"], results["next"])
+    def __init__(self, storage: TensorDictBase, root: TensorDictBase, next_: TensorDictBase, actions: list,
+                 tdim: int):
         self.root_keys = list(root.keys(True, True))
         self.next_keys = list(next_.keys(True, True))
-        self.action_keys = [key for key, _ in env.action_buffers]
-        tdim = env.batch_dims
+        self.action_keys = [key for key, _ in actions]
         self._root = _ColumnCopy([(storage.get(k), root.get(k)) for k in self.root_keys], tdim)
         self._next = _ColumnCopy([(storage.get(("next", *key_tuple(k))), next_.get(k)) for k in self.next_keys],
                                  tdim)
-        self._actions = _ColumnCopy([(storage.get(k), buffer) for k, buffer in env.action_buffers], tdim)
+        self._actions = _ColumnCopy([(storage.get(k), buffer) for k, buffer in actions], tdim)
+
+    @classmethod
+    def of(cls, env, storage: TensorDictBase, results: TensorDictBase | None = None) -> StepRecorder:
+        """The recorder of ``env`` (a ``BatchedEnv``) into ``storage`` (batch ``[*env.batch_size, T]``). ``results``:
+        where to read the root and next from instead of the env's buffers (``"root"`` and ``"next"`` laid out as
+        them: one of the env's staging copies)."""
+        root, next_ = (env.root_buffer, env.next_buffer) if results is None else (results["root"], results["next"])
+        return cls(storage, root, next_, env.action_buffers, env.batch_dims)
 
     def record_root(self, t: int) -> None:
         """Root buffer -> ``storage[:, t]`` (the state the step's action is taken in)."""
@@ -86,20 +94,39 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     into storage preallocated for ``max_steps``."""
     tdim = env.batch_dims
     template = env.fake_tensordict().unsqueeze(-1).expand(*env.batch_size, max_steps)
-    # uninitialised: every entry is written below (zero-filling image storage costs as much as the copies)
-    storage = env.recycler.empty_like(template) if out is None else checked_out(out, template)
+    rolls = getattr(env, "worker_rollouts", None)  # a ParallelEnv: its workers record the steps
+    storage = rolls.storage(template) if rolls is not None and out is None else None
+    if storage is None:
+        rolls = None
+        # uninitialised: every entry is written below (zero-filling image storage costs as much as the copies)
+        storage = env.recycler.empty_like(template) if out is None else checked_out(out, template)
     actions = env.full_action_spec.rand((max_steps,))  # [max_steps, *batch]: time first
     storage.update_(actions.transpose(0, 1) if tdim == 1 else actions.permute(*range(1, tdim + 1), 0))
-    recorder = StepRecorder(env, storage)
+    recorder = StepRecorder.of(env, storage)
     for key in recorder.root_keys:
         storage.get(key).select(tdim, 0).copy_(root.get(key))
-    staging = env.staging_buffers()
-    if staging is None:
+    staging = env.staging_buffers() if rolls is None else None
+    if rolls is not None:
+        steps = _in_workers(env, rolls, max_steps, break_when_any_done)
+    elif staging is None:
         steps = _stepped(env, recorder, max_steps, break_when_any_done)
     else:
-        steps = _pipelined(env, recorder, [StepRecorder(env, storage, staging[p]) for p in (0, 1)], max_steps,
+        steps = _pipelined(env, recorder, [StepRecorder.of(env, storage, staging[p]) for p in (0, 1)], max_steps,
                            break_when_any_done)
     return storage if steps == max_steps else storage[..., :steps]
+
+
+def _in_workers(env, rolls, max_steps: int, break_when_any_done: bool) -> int:
+    """The workers record the steps themselves (see ``worker_rollout.py``): all at once, or one at a time when the
+    done flags must be read (``break_when_any_done``) or the values checked after each step."""
+    if not (break_when_any_done or env.check_values):
+        rolls.run(0, max_steps)
+        return max_steps
+    for t in range(max_steps):
+        rolls.run(t, t + 1)
+        if break_when_any_done and env.next_done.any():
+            return t + 1
+    return max_steps
 
 
 def _stepped(env, recorder: StepRecorder, max_steps: int, break_when_any_done: bool) -> int:

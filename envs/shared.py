@@ -15,8 +15,11 @@ so nothing is pickled per step. Also here: the bookkeeping of the shared segment
 from __future__ import annotations
 
 import errno
+import mmap
+import multiprocessing.reduction
 import multiprocessing.resource_sharer
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +171,54 @@ def in_shared_memory(data, what: str):
         if "No space left on device" in str(err) or "unable to allocate shared memory" in str(err):
             raise shm_error(needed, what) from None
         raise
+
+
+class MappedTensors:
+    """Uninitialised tensors shaped as ``template``'s leaves (keys, shapes, dtypes, batch size), in one anonymous
+    shared memory file (``memfd``) that workers map too: pickled (in a command's arguments), it travels as its file
+    descriptor and opens mapped in the receiving process. Its pages are made on first touch, by whoever writes them
+    first (no byte is written here: a rollout's storage is faulted in by the workers that fill it, in parallel). Not
+    in ``/dev/shm``, so not bounded by its size. ``tensordict()``: the leaves as a TensorDict, over numpy arrays
+    (``arrays``, in ``template``'s key order) that to torch are plain CPU tensors, not shared ones."""
+
+    def __init__(self, template: TensorDictBase | None = None, fd: int | None = None, size: int = 0,
+                 layout: list | None = None, batch_size=()):
+        if template is not None:
+            layout, size = [], 0
+            for key, leaf in template.items(True, True):
+                layout.append((key, leaf.dtype, tuple(leaf.shape), size))
+                size += -(-leaf.numel() * leaf.element_size() // mmap.PAGESIZE) * mmap.PAGESIZE
+            fd, batch_size = os.memfd_create("tdcollect-rollout", os.MFD_CLOEXEC), template.batch_size
+            weakref.finalize(self, os.close, fd)
+            os.ftruncate(fd, max(size, 1))
+        self.fd, self.size, self.layout, self.batch_size = fd, size, layout, torch.Size(batch_size)
+        self._map = mmap.mmap(fd, max(size, 1))
+        self.arrays = [np.frombuffer(self._map, numpy_dtype(dtype), int(np.prod(shape)), offset).reshape(shape)
+                       for _, dtype, shape, offset in layout]
+
+    def tensordict(self) -> TensorDict:
+        out = TensorDict(batch_size=self.batch_size)
+        for (key, *_), array in zip(self.layout, self.arrays):
+            out.set(key, torch.from_numpy(array))
+        return out
+
+    def __reduce__(self):
+        return _open_mapped, (multiprocessing.reduction.DupFd(self.fd), self.size, self.layout, self.batch_size)
+
+
+def _open_mapped(dup, size: int, layout: list, batch_size) -> MappedTensors:
+    fd = dup.detach()
+    try:
+        mapped = MappedTensors(fd=fd, size=size, layout=layout, batch_size=batch_size)
+    finally:
+        os.close(fd)  # (the mapping stays)
+    mapped.fd = None
+    return mapped
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """numpy's dtype for torch's ``dtype``; a TypeError for one numpy lacks (bfloat16)."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def semaphore(context):

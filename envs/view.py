@@ -89,6 +89,8 @@ class WorkerView(ParallelEnv):
     def staging_buffers(self):
         return None  # its steps go through the parent's (see _run_step): not pipelined
 
+    worker_rollouts = None  # (nor recorded by the workers)
+
     def _run_reset(self, mask: np.ndarray | None):
         self._check_parent()
         parent, per_env = self.parent, self._elements // self.num_envs

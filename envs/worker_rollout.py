@@ -1,0 +1,151 @@
+"""ParallelEnv rollouts that the workers record themselves: ``env.rollout(T)`` with random actions.
+
+Route (``rollout.random_rollout``): :meth:`WorkerRollouts.storage` gives storage ``[num_envs, *B, T]`` (TorchRL's
+rollout keys, time last) in shared memory; the actions for all ``T`` steps are drawn into it and the first root is
+copied in; then :meth:`WorkerRollouts.run` sends ``ROLL`` (``protocol.py``): each worker steps its envs through the
+span with its rows of the actions, writing its rows of each step's results straight into the storage ("next" at
+``t``, the root — the reset observation where an env ended — at ``t + 1``; see ``env_worker.Recording``). The main
+process copies no frame and wakes each worker once per span, not once per step. With ``break_when_any_done`` a
+span is one step: the main process reads the done flags between steps, so no step is taken beyond the rollout.
+Spans are bounded so that one lasts at most a quarter of the env's ``timeout``.
+
+Storage is recycled by recycle.py's rule: a storage is handed out again only when no tensor, view or numpy array
+of it is left; to torch the tensors handed out are plain CPU tensors (not shared ones), so one sent to another
+process is copied on the way. Before a fork of this process the storages are retired (a forked child holding a
+rollout keeps seeing it as it was).
+
+A worker replaced during a span (``max_restarts``) has its envs reset by the env; here the step it was running is
+written for its envs as a failed step is (the reset observation, reward 0, truncated and done) and it runs the rest
+of the span, as the step-by-step rollout does.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+
+import torch
+from tensordict import TensorDictBase
+
+from .errors import SharedMemoryError
+from .protocol import ROLL
+from .recycle import retire_before_fork
+from .shared import MappedTensors, in_shared_memory, key_tuple
+
+#: storages kept per env: a loop may hold one rollout while it asks for the next
+KEEP = 2
+#: references to a kept array while nobody else holds one: the storage's list, the loop's name, getrefcount's argument
+_OWN_REFS = 3
+
+
+class _Storage:
+    """One rollout storage: ``mapped`` (the memory the workers write, see ``shared.MappedTensors``), ``bound`` (the
+    pool's restarts when the workers were given it)."""
+
+    def __init__(self, key: int, mapped: MappedTensors):
+        self.key, self.mapped, self.bound = key, mapped, None
+        self.steps = mapped.batch_size[-1]
+
+    def free(self) -> bool:
+        return all(sys.getrefcount(array) <= _OWN_REFS for array in self.mapped.arrays)
+
+
+class WorkerRollouts:
+    """The rollout storages of one ParallelEnv and the runs of ``ROLL`` into them (see the module docstring)."""
+
+    def __init__(self, env):
+        self.env = env
+        self.kept: list[_Storage] = []  # least recently used first
+        self.control = None  # int64 [num_workers, 3] in shared memory: each worker's (key, t0, t1)
+        self._keys = itertools.count()
+        retire_before_fork(self)
+
+    def retire(self) -> None:
+        """Never fill the storages handed out so far again (the env closed, or this process forks)."""
+        self.kept = []
+
+    def forget(self) -> None:
+        self.kept, self.control = [], None
+
+    def storage(self, template: TensorDictBase) -> TensorDictBase | None:
+        """Storage shaped as ``template`` (batch ``[*env.batch_size, T]``) that the workers can record into,
+        given to them: recycled when a kept one of that length is free, else new; None when the workers cannot
+        record this env's rollouts (a leaf without a numpy dtype, ``/dev/shm`` full)."""
+        steps = template.batch_size[-1]
+        found = next((s for s in self.kept if s.steps == steps and s.free()), None)
+        if found is None:
+            found = self._make(template)
+            if found is None:
+                return None
+        else:
+            self.kept.remove(found)
+        self.kept.append(found)
+        keys = [s.key for s in self.kept]
+        found.bound = self.env._bind_in_workers("bind_rollout", (found.key, found.mapped, self.control, keys),
+                                                found.bound)
+        self._current = found
+        return found.mapped.tensordict()
+
+    def _make(self, template: TensorDictBase) -> _Storage | None:
+        if not hasattr(os, "memfd_create"):
+            return None
+        try:
+            if self.control is None:
+                self.control = in_shared_memory(torch.zeros(self.env.num_workers, 3, dtype=torch.int64),
+                                                "the rollout's control block")
+            mapped = MappedTensors(template)
+        except (SharedMemoryError, TypeError, OSError):  # (TypeError: a dtype numpy lacks)
+            return None
+        if len(self.kept) >= KEEP:
+            self.kept.pop(0)
+        return _Storage(next(self._keys), mapped)
+
+    def run(self, t0: int, t1: int) -> None:
+        """Steps ``t0 .. t1 - 1`` of the rollout in the storage :meth:`storage` gave last, in spans (see the
+        module docstring); then the env's buffers hold the last step, as after ``step_buffers``."""
+        env, timeout = self.env, self.env.timeout
+        env._mark_used()
+        span, t = 8, t0
+        while t < t1:
+            stop = min(t1, t + span)
+            began = time.perf_counter()
+            self._span(t, stop)
+            per_step = (time.perf_counter() - began) / (stop - t)
+            span = max(1, min(2 * span, int(timeout / 4 / max(per_step, 1e-6))))
+            t = stop
+        env._after_step(None)
+
+    def _span(self, t0: int, t1: int) -> None:
+        env, storage = self.env, self._current
+        control = self.control.numpy()
+        control[:] = (storage.key, t0, t1)
+        workers = list(range(env.num_workers))
+        while workers:
+            before = list(env._pool.restarts)
+            env._run(env._pool.run, ROLL, workers)
+            replaced = [w for w in workers if env._pool.restarts[w] != before[w]]
+            if replaced:  # (env._run reset their envs)
+                storage.bound = env._bind_in_workers("bind_rollout", (storage.key, storage.mapped, self.control,
+                                                                      [s.key for s in self.kept]), storage.bound)
+                for w in replaced:
+                    self._write_restarted_step(w, int(control[w, 1]))
+                    control[w, 1] += 1
+            workers = [w for w in replaced if control[w, 1] < t1]
+
+    def _write_restarted_step(self, w: int, t: int) -> None:
+        """Step ``t`` of worker ``w``'s envs as a failed step reads: the env's buffers say so (see
+        ``ParallelEnv._write_restarted_step``); their rows are copied into the storage."""
+        env, storage = self.env, self._current
+        rows = slice(w * env.envs_per_worker, (w + 1) * env.envs_per_worker)
+        mask = torch.zeros(env.num_envs, dtype=torch.bool)
+        mask[rows] = True
+        env._write_restarted_step(mask.reshape(-1, *[1] * (env.batch_dims - 1)).expand(env.batch_size))
+        tdim = env.batch_dims
+        stored = {key_tuple(key): torch.from_numpy(array) for (key, *_), array in zip(storage.mapped.layout,
+                                                                                       storage.mapped.arrays)}
+        for key, leaf in env.next_buffer.items(True, True):
+            stored[("next", *key_tuple(key))].select(tdim, t)[rows].copy_(leaf[rows])
+        if t + 1 < storage.steps:
+            for key, leaf in env.root_buffer.items(True, True):
+                stored[key_tuple(key)].select(tdim, t + 1)[rows].copy_(leaf[rows])

@@ -1,0 +1,170 @@
+"""ParallelEnv rollouts with random actions, on both of their paths: recorded by the workers (``ROLL``, see
+``envs/worker_rollout.py``; the default) and pipelined (``ParallelEnv(pipeline=True)`` where the workers cannot
+record: the workers run step ``t + 1`` while the main process copies step ``t`` out of a staging copy). The data
+must be exactly a step-by-step rollout's, no step may be taken beyond a rollout that stops at a done, and failures
+(a worker replaced mid-rollout, a worker dying, an interrupted rollout) must leave the env as a step-by-step rollout
+would. A rollout the workers recorded is never written again while anything holds it."""
+import functools
+
+import pytest
+import torch
+from torchrl.envs.utils import step_mdp
+
+from tdcollect.envs import ParallelEnv, SerialEnv, WorkerDiedError
+from tdcollect.envs.platform_policy import fits_cores
+from tdcollect.envs.worker_rollout import KEEP
+
+from .helpers import CountingEnv, CrashOnceEnv, FrameCountingEnv, SlowEnv, cartpole
+
+pytestmark = pytest.mark.timeout(120)
+PATHS = ["workers", "pipelined"]
+
+
+def _on_path(env, path: str):
+    """``env`` with its rollouts on ``path``: "pipelined" is the path taken where the workers cannot record."""
+    if path == "pipelined":
+        env.worker_rollouts.storage = lambda template: None
+    return env
+
+
+def _rollouts(env, seed: int, lengths, break_when_any_done: bool):
+    """Consecutive rollouts, each continuing from the last one's final state."""
+    env.set_seed(seed)
+    torch.manual_seed(seed)
+    td, outs = env.reset(), []
+    for n in lengths:
+        out = env.rollout(n, break_when_any_done=break_when_any_done, auto_reset=False, tensordict=td)
+        outs.append(out)
+        td = step_mdp(out[..., -1])
+    return outs
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("make", [FrameCountingEnv, cartpole])
+@pytest.mark.parametrize("break_when_any_done", [False, True])
+def test_rollouts_equal_step_by_step_rollouts(path, make, break_when_any_done, no_leaks):
+    lengths = [30, 9, 30]
+    with _on_path(ParallelEnv(2, make, envs_per_worker=3, pipeline=True), path) as env:
+        assert env.staging_buffers() is not None
+        ours = _rollouts(env, 5, lengths, break_when_any_done)
+        assert (len(env.worker_rollouts.kept) > 0) == (path == "workers")
+    with SerialEnv(6, make) as serial:
+        assert serial.staging_buffers() is None
+        theirs = _rollouts(serial, 5, lengths, break_when_any_done)
+    for a, b in zip(ours, theirs):
+        assert a.batch_size == b.batch_size
+        assert (a == b).all()
+    if break_when_any_done:  # each rollout stopped at its first done, and the next went on from there
+        assert all(bool(out.get(("next", "done"))[:, -1].any()) for out in ours[:1])
+
+
+def test_the_default_pipelines_only_when_every_process_has_a_core():
+    with ParallelEnv(2, cartpole) as env:
+        assert env.pipeline == fits_cores(2)
+        assert (env.staging_buffers() is None) != env.pipeline
+    with ParallelEnv(2, cartpole, pipeline=False) as env:
+        assert env.staging_buffers() is None
+        assert env.rollout(5).batch_size == (2, 5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_worker_replaced_mid_rollout(path, how, tmp_path, no_leaks):
+    marker = str(tmp_path / "crashed")
+    factories = [functools.partial(CountingEnv, episode_len=100), functools.partial(CrashOnceEnv, marker, how, 4)]
+    with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+        with _on_path(ParallelEnv(2, factories, max_restarts=1, pipeline=True), path) as env:
+            env.set_seed(0)
+            out = env.rollout(10, break_when_any_done=False)
+            assert env.restarts == [0, 1]
+            steps = out.get("observation")[:, :, 0]
+            assert steps[0].tolist() == list(range(10))  # the other worker's env is untouched
+            # the replaced env: counts to the crash, then a fresh episode marked truncated at the failed step
+            assert steps[1, :3].tolist() == [0, 1, 2]
+            assert bool(out.get(("next", "truncated"))[1, 3]) and out.get(("next", "observation"))[1, 3, 0] == 0
+            assert steps[1, 4:].tolist() == list(range(6))
+            again = env.rollout(5, break_when_any_done=False)  # the new worker got the storage / staging copies too
+            assert again.batch_size == (2, 5)
+            assert again.get("observation")[:, :, 0].tolist() == [list(range(5))] * 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_worker_dying_mid_rollout_closes_the_env(path, no_leaks):
+    factories = [functools.partial(CountingEnv, episode_len=100), functools.partial(CrashOnceEnv, None, "kill", 4)]
+    env = _on_path(ParallelEnv(2, factories, pipeline=True), path)
+    try:
+        with pytest.raises(WorkerDiedError):
+            env.rollout(10, break_when_any_done=False)
+        assert env.is_closed
+    finally:
+        env.close()
+
+
+def test_an_error_in_this_process_waits_for_the_step_in_flight(monkeypatch, no_leaks):
+    with _on_path(ParallelEnv(2, FrameCountingEnv, pipeline=True), "pipelined") as env:
+        env.set_seed(0)
+        env.rollout(4, break_when_any_done=False)
+        from tdcollect.envs.rollout import StepRecorder
+
+        calls = {"n": 0}
+        real = StepRecorder.record_next
+
+        def failing(self, t):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise MemoryError("no room for the copy")
+            return real(self, t)
+
+        monkeypatch.setattr(StepRecorder, "record_next", failing)
+        with pytest.raises(MemoryError):
+            env.rollout(10, break_when_any_done=False)
+        monkeypatch.undo()
+        out = env.rollout(6, break_when_any_done=False)  # the workers were not left in the middle of a step
+        assert out.batch_size == (2, 6) and not env.is_closed
+
+
+def test_a_rollout_held_is_never_written_again_and_one_let_go_is_reused(no_leaks):
+    with ParallelEnv(2, FrameCountingEnv, envs_per_worker=2) as env:
+        env.reset()
+        held = env.rollout(6, break_when_any_done=False)
+        assert not held.get("observation").is_shared()  # sent to another process, it is copied on the way
+        copy = held.clone()
+        for _ in range(2 * KEEP):
+            env.rollout(6, break_when_any_done=False)
+            view = env.rollout(6, break_when_any_done=False)[:, 2:]  # a view holds its rollout too
+        assert (held == copy).all()
+        del view
+        kept = [storage.key for storage in env.worker_rollouts.kept]
+        env.rollout(6, break_when_any_done=False)
+        assert env.worker_rollouts._current.key in kept  # memory let go is filled again, no new memory
+        assert len(env.worker_rollouts.kept) <= KEEP
+
+
+def test_a_rollout_longer_than_the_timeout_runs_in_spans(no_leaks):
+    """Each span of ``ROLL`` stays within a quarter of the timeout; the whole rollout may take longer."""
+    with ParallelEnv(2, functools.partial(SlowEnv, 0.02), timeout=1.0) as env:
+        env.reset()
+        out = env.rollout(80, break_when_any_done=False)  # 1.6 s in each worker
+        assert out.get(("next", "observation"))[:, :, 0].tolist() == [list(range(1, 81))] * 2
+        assert not env.is_closed
+
+
+def _compare_when_told(frames, copy, go, answer):
+    go.wait(60)
+    answer.put(bool(torch.equal(frames, copy)))
+
+
+def test_a_rollout_held_by_a_forked_process_is_never_refilled(no_leaks):
+    ctx = torch.multiprocessing.get_context("fork")
+    go, answer = ctx.Event(), ctx.SimpleQueue()
+    with ParallelEnv(2, FrameCountingEnv, envs_per_worker=2) as env:
+        env.reset()
+        frames = env.rollout(5, break_when_any_done=False).get("observation")
+        child = ctx.Process(target=_compare_when_told, args=(frames, frames.clone(), go, answer))
+        child.start()
+        del frames  # only the forked process holds the rollout now
+        for _ in range(2 * KEEP):
+            env.rollout(5, break_when_any_done=False)
+        go.set()
+        assert answer.get() is True, "the forked process saw its rollout change"
+        child.join(30)
