@@ -119,8 +119,8 @@ NOTIFY = 0x100
 OK, FAILED = 0, 1
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
-    STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*STAGED_STEP, *SLOT_STEP), "step"), RESET: "reset",
-    ROLL: "rollout", COLLECT: "collection",
+    STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*STAGED_STEP, *SLOT_STEP, ROLL), "step"),
+    RESET: "reset", COLLECT: "collection",
     COLLECT_RANDOM: "collection (random actions)",
     CALL: "a call", CLOSE: "close",
 }

@@ -182,8 +182,10 @@ class MappedTensors:
     (``arrays``, in ``template``'s key order) that to torch are plain CPU tensors, not shared ones."""
 
     def __init__(self, template: TensorDictBase | None = None, fd: int | None = None, size: int = 0,
-                 layout: list | None = None, batch_size=()):
+                 layout: list | None = None, batch_size=(), nested: list | None = None):
         if template is not None:
+            # the nested TensorDicts' batch sizes (e.g. an agent group's ``[*batch, agents]``), parents first
+            nested = [(key, sub.batch_size) for key, sub in template.items(True) if isinstance(sub, TensorDictBase)]
             layout, size = [], 0
             for key, leaf in template.items(True, True):
                 layout.append((key, leaf.dtype, tuple(leaf.shape), size))
@@ -192,24 +194,28 @@ class MappedTensors:
             weakref.finalize(self, os.close, fd)
             os.ftruncate(fd, max(size, 1))
         self.fd, self.size, self.layout, self.batch_size = fd, size, layout, torch.Size(batch_size)
+        self.nested = nested
         self._map = mmap.mmap(fd, max(size, 1))
         self.arrays = [np.frombuffer(self._map, numpy_dtype(dtype), int(np.prod(shape)), offset).reshape(shape)
                        for _, dtype, shape, offset in layout]
 
     def tensordict(self) -> TensorDict:
         out = TensorDict(batch_size=self.batch_size)
+        for key, batch_size in self.nested:
+            out.set(key, TensorDict(batch_size=batch_size))
         for (key, *_), array in zip(self.layout, self.arrays):
             out.set(key, torch.from_numpy(array))
         return out
 
     def __reduce__(self):
-        return _open_mapped, (multiprocessing.reduction.DupFd(self.fd), self.size, self.layout, self.batch_size)
+        return _open_mapped, (multiprocessing.reduction.DupFd(self.fd), self.size, self.layout, self.batch_size,
+                              self.nested)
 
 
-def _open_mapped(dup, size: int, layout: list, batch_size) -> MappedTensors:
+def _open_mapped(dup, size: int, layout: list, batch_size, nested: list) -> MappedTensors:
     fd = dup.detach()
     try:
-        mapped = MappedTensors(fd=fd, size=size, layout=layout, batch_size=batch_size)
+        mapped = MappedTensors(fd=fd, size=size, layout=layout, batch_size=batch_size, nested=nested)
     finally:
         os.close(fd)  # (the mapping stays)
     mapped.fd = None

@@ -26,7 +26,7 @@ import sys
 import time
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 from .errors import SharedMemoryError
 from .protocol import ROLL
@@ -88,11 +88,12 @@ class WorkerRollouts:
         return found.mapped.tensordict()
 
     def _make(self, template: TensorDictBase) -> _Storage | None:
-        if not hasattr(os, "memfd_create"):
-            return None
+        if not hasattr(os, "memfd_create") or any(isinstance(td, LazyStackedTensorDict)
+                                                  for td in (template, *template.values(True))):
+            return None  # (heterogeneous entries, e.g. one per agent, have no one-piece storage)
         try:
             if self.control is None:
-                self.control = in_shared_memory(torch.zeros(self.env.num_workers, 3, dtype=torch.int64),
+                self.control = in_shared_memory(torch.zeros(self.env.num_workers, 3, dtype=torch.int64, device="cpu"),
                                                 "the rollout's control block")
             mapped = MappedTensors(template)
         except (SharedMemoryError, TypeError, OSError):  # (TypeError: a dtype numpy lacks)
@@ -106,7 +107,7 @@ class WorkerRollouts:
         module docstring); then the env's buffers hold the last step, as after ``step_buffers``."""
         env, timeout = self.env, self.env.timeout
         env._mark_used()
-        span, t = 8, t0
+        span, t = 1, t0  # (doubling: the first span's steps may be slow ones)
         while t < t1:
             stop = min(t1, t + span)
             began = time.perf_counter()
@@ -138,7 +139,7 @@ class WorkerRollouts:
         ``ParallelEnv._write_restarted_step``); their rows are copied into the storage."""
         env, storage = self.env, self._current
         rows = slice(w * env.envs_per_worker, (w + 1) * env.envs_per_worker)
-        mask = torch.zeros(env.num_envs, dtype=torch.bool)
+        mask = torch.zeros(env.num_envs, dtype=torch.bool, device="cpu")
         mask[rows] = True
         env._write_restarted_step(mask.reshape(-1, *[1] * (env.batch_dims - 1)).expand(env.batch_size))
         tdim = env.batch_dims
