@@ -110,7 +110,7 @@ class WorkerPool:
         self._wake, self._done = [None] * num_workers, [None] * num_workers
         self._any_done = semaphore(context)
         self._last_liveness_check = 0.0
-        self._waits: dict[int, Wait] = {}  # command code -> its wait (see protocol.Wait)
+        self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
         self.procs, self.conns = [None] * num_workers, [None] * num_workers
         self.restarts = [0] * num_workers
         self.closed = False
@@ -251,20 +251,22 @@ class WorkerPool:
         return value
 
     # ----------------------------------------------------------------- commands
-    def run(self, code: int, workers=None, replies: bool = False) -> list | None:
+    def run(self, code: int, workers=None, replies: bool = False, waits=None) -> list | None:
         """Send ``code`` to ``workers`` (default: all) and wait until each has finished it. With ``replies``, each
-        worker answers with data on its pipe: returned in ``workers`` order."""
+        worker answers with data on its pipe: returned in ``workers`` order. ``waits``: whose recent waits to sleep
+        by (default ``code``; a rollout's span of ``n`` steps waits as ``(code, n)``, see ``protocol.Wait``)."""
         workers = range(self.num_workers) if workers is None else workers
-        self.send(code, workers)
-        self.wait(workers, code, replies)
+        self.send(code, workers, waits)
+        self.wait(workers, code, replies, waits)
         return [self.conns[w].recv()[1] for w in workers] if replies else None
 
-    def send(self, code: int, workers) -> None:
+    def send(self, code: int, workers, waits=None) -> None:
         """Send ``code`` to ``workers`` without waiting; :meth:`wait` for them before any other command."""
         self.check_open()
-        wait = self._waits.get(code)
+        waits = code if waits is None else waits
+        wait = self._waits.get(waits)
         if wait is None:  # (not setdefault: that would build a Wait on every send)
-            wait = self._waits[code] = Wait()
+            wait = self._waits[waits] = Wait()
         wait.start()
         for w in workers:
             self._command[w] = code
@@ -341,7 +343,7 @@ class WorkerPool:
         self.wait(workers, CALL)
         return [self.conns[w].recv()[1] for w in workers]
 
-    def wait(self, workers, code: int, replies: bool = False) -> None:
+    def wait(self, workers, code: int, replies: bool = False, waits=None) -> None:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
         in its ``failures`` attribute (``{worker: exception}``). A worker that died or timed out (it is
         killed) is a failure too; the other workers are left as they are — the caller decides. ``replies``: the
@@ -350,7 +352,8 @@ class WorkerPool:
         deadline = None
         failures = {}
         dones = self._done  # stop() from another thread replaces the list; the liveness check then raises
-        first = self._waits.get(code)  # started by send(): sleeps through the sure part of the first worker's wait
+        # started by send(): sleeps through the sure part of the first worker's wait
+        first = self._waits.get(code if waits is None else waits)
         spin_until = time.perf_counter() + self.spin_s
         for w in workers:
             done = dones[w]

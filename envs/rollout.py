@@ -93,27 +93,30 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
     """Random actions from ``env.action_spec``, drawn for all steps at once; each step's buffers are copied
     into storage preallocated for ``max_steps``."""
     tdim = env.batch_dims
-    template = env.fake_tensordict().unsqueeze(-1).expand(*env.batch_size, max_steps)
     rolls = getattr(env, "worker_rollouts", None)  # a ParallelEnv: its workers record the steps
-    storage = rolls.storage(template) if rolls is not None and out is None else None
+    storage = rolls.storage(max_steps) if rolls is not None and out is None else None
     if storage is None:
         rolls = None
+        template = rollout_template(env, max_steps)
         # uninitialised: every entry is written below (zero-filling image storage costs as much as the copies)
         storage = env.recycler.empty_like(template) if out is None else checked_out(out, template)
     actions = env.full_action_spec.rand((max_steps,))  # [max_steps, *batch]: time first
     storage.update_(actions.transpose(0, 1) if tdim == 1 else actions.permute(*range(1, tdim + 1), 0))
-    recorder = StepRecorder.of(env, storage)
-    for key in recorder.root_keys:
+    for key in env.root_buffer.keys(True, True):
         storage.get(key).select(tdim, 0).copy_(root.get(key))
-    staging = env.staging_buffers() if rolls is None else None
     if rolls is not None:
         steps = _in_workers(env, rolls, max_steps, break_when_any_done)
-    elif staging is None:
-        steps = _stepped(env, recorder, max_steps, break_when_any_done)
+    elif (staging := env.staging_buffers()) is None:
+        steps = _stepped(env, StepRecorder.of(env, storage), max_steps, break_when_any_done)
     else:
-        steps = _pipelined(env, recorder, [StepRecorder.of(env, storage, staging[p]) for p in (0, 1)], max_steps,
-                           break_when_any_done)
+        steps = _pipelined(env, StepRecorder.of(env, storage), [StepRecorder.of(env, storage, staging[p])
+                                                                for p in (0, 1)], max_steps, break_when_any_done)
     return storage if steps == max_steps else storage[..., :steps]
+
+
+def rollout_template(env, max_steps: int) -> TensorDictBase:
+    """Zeros shaped as a rollout of ``env`` (``[*env.batch_size, max_steps]``, expanded: no memory per step)."""
+    return env.fake_tensordict().unsqueeze(-1).expand(*env.batch_size, max_steps)
 
 
 def _in_workers(env, rolls, max_steps: int, break_when_any_done: bool) -> int:

@@ -31,6 +31,7 @@ from tensordict import LazyStackedTensorDict, TensorDictBase
 from .errors import SharedMemoryError
 from .protocol import ROLL
 from .recycle import retire_before_fork
+from .rollout import rollout_template
 from .shared import MappedTensors, in_shared_memory, key_tuple
 
 #: storages kept per env: a loop may hold one rollout while it asks for the next
@@ -59,6 +60,7 @@ class WorkerRollouts:
         self.kept: list[_Storage] = []  # least recently used first
         self.control = None  # int64 [num_workers, 3] in shared memory: each worker's (key, t0, t1)
         self._keys = itertools.count()
+        self._per_step: float | None = None  # seconds a step took in the last span
         retire_before_fork(self)
 
     def retire(self) -> None:
@@ -68,14 +70,13 @@ class WorkerRollouts:
     def forget(self) -> None:
         self.kept, self.control = [], None
 
-    def storage(self, template: TensorDictBase) -> TensorDictBase | None:
-        """Storage shaped as ``template`` (batch ``[*env.batch_size, T]``) that the workers can record into,
-        given to them: recycled when a kept one of that length is free, else new; None when the workers cannot
-        record this env's rollouts (a leaf without a numpy dtype, ``/dev/shm`` full)."""
-        steps = template.batch_size[-1]
+    def storage(self, steps: int) -> TensorDictBase | None:
+        """Storage for a rollout of ``steps`` steps (batch ``[*env.batch_size, steps]``) that the workers can
+        record into, given to them: recycled when a kept one of that length is free, else new; None when the
+        workers cannot record this env's rollouts (a leaf without a numpy dtype, heterogeneous entries)."""
         found = next((s for s in self.kept if s.steps == steps and s.free()), None)
         if found is None:
-            found = self._make(template)
+            found = self._make(rollout_template(self.env, steps))
             if found is None:
                 return None
         else:
@@ -105,17 +106,20 @@ class WorkerRollouts:
     def run(self, t0: int, t1: int) -> None:
         """Steps ``t0 .. t1 - 1`` of the rollout in the storage :meth:`storage` gave last, in spans (see the
         module docstring); then the env's buffers hold the last step, as after ``step_buffers``."""
-        env, timeout = self.env, self.env.timeout
+        env = self.env
         env._mark_used()
-        span, t = 1, t0  # (doubling: the first span's steps may be slow ones)
+        # as long as a quarter of the timeout allows at the last rollout's pace; the first spans double from one step
+        span, t = (1 if self._per_step is None else self._longest(1 << 62)), t0
         while t < t1:
             stop = min(t1, t + span)
             began = time.perf_counter()
             self._span(t, stop)
-            per_step = (time.perf_counter() - began) / (stop - t)
-            span = max(1, min(2 * span, int(timeout / 4 / max(per_step, 1e-6))))
-            t = stop
+            self._per_step = (time.perf_counter() - began) / (stop - t)
+            span, t = self._longest(2 * span), stop
         env._after_step(None)
+
+    def _longest(self, span: int) -> int:
+        return max(1, min(span, int(self.env.timeout / 4 / max(self._per_step, 1e-6))))
 
     def _span(self, t0: int, t1: int) -> None:
         env, storage = self.env, self._current
@@ -124,7 +128,7 @@ class WorkerRollouts:
         workers = list(range(env.num_workers))
         while workers:
             before = list(env._pool.restarts)
-            env._run(env._pool.run, ROLL, workers)
+            env._run(env._pool.run, ROLL, workers, False, (ROLL, t1 - t0))  # (waits: see protocol.Wait)
             replaced = [w for w in workers if env._pool.restarts[w] != before[w]]
             if replaced:  # (env._run reset their envs)
                 storage.bound = env._bind_in_workers("bind_rollout", (storage.key, storage.mapped, self.control,

@@ -23,7 +23,7 @@ PATHS = ["workers", "pipelined"]
 def _on_path(env, path: str):
     """``env`` with its rollouts on ``path``: "pipelined" is the path taken where the workers cannot record."""
     if path == "pipelined":
-        env.worker_rollouts.storage = lambda template: None
+        env.worker_rollouts.storage = lambda steps: None
     return env
 
 
