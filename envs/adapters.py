@@ -156,8 +156,9 @@ class GymBlockStepper:
     def __init__(self, steppers: list[GymStepper], views: BufferViews):
         self.envs = [stepper.env for stepper in steppers]
         self._read_actions = _block_action_reader(steppers[0].env.action_space, views.action_np["action"])
-        self._next_obs = views.next_np["observation"]
-        self._root_obs = views.root_np["observation"]
+        #: the observation rows of the buffers ("next", root); see write_observations_to
+        self.buffer_observations = (views.next_np["observation"], views.root_np["observation"])
+        self._next_obs, self._root_obs = self.buffer_observations
         self._obs_shape = self._next_obs.shape[1:]
         self._obs_guard = Guard(self._next_obs.dtype)
         self._reward = views.next_np["reward"][:, 0]
@@ -192,6 +193,11 @@ class GymBlockStepper:
                                       shape_of(obs), family="gym")
                 self._guarded(self._obs_guard, obs, i, "reset()", "observation")
                 self._root_obs[i] = obs
+
+    def write_observations_to(self, next_obs: np.ndarray, root_obs: np.ndarray) -> None:
+        """Where the next steps write their observations (``[k, *shape]`` each): the buffers' rows
+        (:attr:`buffer_observations`), or a rollout's columns (``env_worker.Recording``: no copy from the buffers)."""
+        self._next_obs, self._root_obs = next_obs, root_obs
 
     def _check(self, observations: list, rewards: list, terminated: list, truncated: list) -> None:
         """The error for the first env whose step() result is None, has a shape other than its buffer row's, or

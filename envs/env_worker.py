@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
 import torch
 
 from .group import EnvGroup
@@ -40,38 +41,59 @@ class Staging:
 class Recording:
     """A ParallelEnv worker's ``ROLL``: steps ``t0 .. t1 - 1`` of a rollout run here one after the other, each
     recorded straight into this worker's rows of the rollout's storage (shared memory, bound by the
-    ``bind_rollout`` call): the main process waits once for the whole span (see ``worker_rollout.py``)."""
+    ``bind_rollout`` call): the main process waits once for the whole span (see ``worker_rollout.py``). Envs stepped
+    as one block (``adapters.GymBlockStepper``) write their observations into the storage's columns themselves
+    (the "next" at ``t``, the root at ``t + 1``), the other entries are copied there from the buffers; after a
+    span the buffers hold its last step, as after a step."""
 
     def __init__(self, group, buffers, index: int):
         self.group, self.buffers, self.index = group, buffers, index  # buffers: the worker's rows
-        self.recorders: dict[int, tuple[StepRecorder, int]] = {}  # storage key -> (its recorder, its steps)
+        self.recorders: dict[int, tuple] = {}  # storage key -> (its recorder, its steps, its observation columns)
         self.control = None  # this worker's (key, t0, t1)
 
     def bind(self, payload, rows: slice) -> None:
         """Take storage ``key`` (``payload = (key, its shared.MappedTensors [num_envs, *B, T], control, keys)``; rows
         ``rows`` are this worker's), and let go of any storage not in ``keys`` (those the main process keeps)."""
         key, mapped, control, keys = payload
-        storage = mapped.tensordict()
+        storage = mapped.tensordict()[rows]
         if key not in self.recorders:  # its pages made here, all at once, rather than one by one while stepping
             for array in mapped.arrays:
                 populate(array[rows])
         self.recorders = {k: v for k, v in self.recorders.items() if k in keys}
         self.control = control[self.index].numpy()
-        buffers = self.buffers
+        buffers, columns = self.buffers, None
+        root, next_ = buffers["root"], buffers["next"]
+        if self.group.block is not None:  # (one observation key, "observation")
+            columns = (storage.get(("next", "observation")).numpy(), storage.get("observation").numpy())
+            root, next_ = root.exclude("observation"), next_.exclude("observation")
         actions = [(k, buffers.get(("action", *key_tuple(k)))) for k in buffers["action"].keys(True, True)]
-        self.recorders[key] = (StepRecorder(storage[rows], buffers["root"], buffers["next"], actions,
-                                            storage.batch_dims - 1), storage.batch_size[-1])
+        recorder = StepRecorder(storage, root, next_, actions, storage.batch_dims - 1)
+        self.recorders[key] = (recorder, storage.batch_size[-1], columns)
 
     def roll(self) -> None:
         control = self.control
-        recorder, steps = self.recorders[int(control[0])]
-        for t in range(int(control[1]), int(control[2])):
-            recorder.load_actions(t)
-            self.group.step()
-            recorder.record_next(t)
-            if t + 1 < steps:
-                recorder.record_root(t + 1)
-            control[1] = t + 1
+        recorder, steps, columns = self.recorders[int(control[0])]
+        t0, t1 = int(control[1]), int(control[2])
+        block = self.group.block if columns is not None else None
+        try:
+            for t in range(t0, t1):
+                recorder.load_actions(t)
+                if block is not None:
+                    block.write_observations_to(columns[0][:, t], columns[1][:, t + 1] if t + 1 < steps
+                                                else block.buffer_observations[1])
+                self.group.step()
+                recorder.record_next(t)
+                if t + 1 < steps:
+                    recorder.record_root(t + 1)
+                control[1] = t + 1
+        finally:
+            if block is not None:  # the buffers get the observations of the last step taken
+                block.write_observations_to(*block.buffer_observations)
+                last = int(control[1]) - 1
+                if last >= t0:
+                    np.copyto(block.buffer_observations[0], columns[0][:, last])
+                    if last + 1 < steps:
+                        np.copyto(block.buffer_observations[1], columns[1][:, last + 1])
 
 
 def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, threads: int = 1) -> None:

@@ -51,6 +51,11 @@ class EnvGroup:
         #: whether its envs have non-tensor entries: then step() and reset() return them (see objects_of)
         self.has_objects = any(getattr(stepper, "has_objects", False) for stepper in self.steppers)
 
+    @property
+    def block(self):
+        """The ``adapters.GymBlockStepper`` stepping all the envs at once, or None (they step one by one)."""
+        return self._block
+
     def __len__(self) -> int:
         return len(self.steppers)
 

@@ -36,6 +36,10 @@ def _rollouts(env, seed: int, lengths, break_when_any_done: bool):
         out = env.rollout(n, break_when_any_done=break_when_any_done, auto_reset=False, tensordict=td)
         outs.append(out)
         td = step_mdp(out[..., -1])
+        # the buffers hold the rollout's last step (its root: the next observation, where the env did not end)
+        assert (env.next_buffer == out.get("next")[..., -1]).all()
+        going = ~out.get(("next", "done"))[..., -1, 0]
+        assert (env.root_buffer.get("observation")[going] == td.get("observation")[going]).all()
     return outs
 
 
