@@ -8,7 +8,8 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
     7  vector_core, async_parallel, view, tuning, demo  the faces' engine, async stepping, env[...], autotune
     6  parallel                                         ParallelEnv: workers, buffers, restarts
     5  serial, env_worker                               SerialEnv; a ParallelEnv worker's process body
-    4  batched, pool, group, dmlab2d, dm_players        BatchedEnv (the TorchRL face), the pool, envs in a process
+    4  batched, pool, group, dmlab2d, dm_players,       BatchedEnv (the TorchRL face), the pool, envs in a process,
+       worker_rollout                                   rollouts the workers record
     3  adapters, dm_specs, rollout, platform_policy, vector_worker, vector_layout
     2  protocol, shared, specs, factories, gym_io
     1  errors, inputs, values, recycle, forwarding, one_thread, preload, meltingpot_install
@@ -17,12 +18,14 @@ Route of one ``ParallelEnv.step`` (7 of our files in this process, 3 in a worker
 ``batched.BatchedEnv.step`` (guarded by ``one_thread``) -> ``inputs.checked_actions`` into the action buffer ->
 ``parallel.ParallelEnv._run_step`` -> ``pool.WorkerPool.run`` (wake each worker, ``protocol.Wait`` for each) ->
 in each worker ``protocol.WorkerChannel.serve`` -> ``group.EnvGroup.step`` -> the family's stepper in
-``adapters.py`` (step, auto-reset, write its rows of the shared buffers), then ``env_worker.Staging`` copies its
+``adapters.py`` (step, auto-reset, write its rows of the shared buffers), then ``env_worker.SlotCopies`` copies its
 rows of the big "next" leaves into an output slot -> back, the small leaves copied out with ``recycle``'s leaf
 copier and the big ones handed out from the slot (``recycle.OutputSlots``). ``ParallelVectorEnv.step`` adds
 ``vector.py`` -> ``vector_core.EngineCore`` (actions written by ``vector_layout``) in front of
 ``BatchedEnv.step_buffers``, and ``vector_worker.EngineEnv`` (autoreset mode, infos to the mailbox) between the
-stepper and the user's env.
+stepper and the user's env. A ``ParallelEnv.rollout`` with random actions: ``rollout.random_rollout`` ->
+``worker_rollout.WorkerRollouts`` (storage every worker maps, one ``ROLL`` per span of steps) -> in each worker
+``env_worker.Recording`` steps its envs through the span, writing each step into the storage.
 """
 from . import view  # noqa: F401 - env[...] of a ParallelEnv: view.py sets ParallelEnv.view_class
 from .async_parallel import AsyncParallelEnv

@@ -198,13 +198,6 @@ class BatchedEnv(Forwarding, EnvBase):
             stepped = np.repeat(mask, self._elements // self.num_envs)
             self._pending_reset[stepped] = self._next_done[stepped]
 
-    # ----------------------------------------------------------------- staged (pipelined) steps
-    def staging_buffers(self) -> TensorDictBase | None:
-        """Two more copies of the root and next buffers, batch ``[2, num_envs, *B]`` (keys ``"root"``, ``"next"``),
-        that staged steps copy their results into; None when this env cannot pipeline its steps (only a
-        ParallelEnv whose envs have tensor entries only can: see ``ParallelEnv.start_staged_step``)."""
-        return None
-
     def keep_pending_resets(self) -> None:
         """Remember which envs ended in the last step: their reset observation sits in the root buffer and
         answers the next ``reset`` whose ``"_reset"`` mask covers them (they are not reset twice)."""

@@ -1,6 +1,7 @@
 """ParallelEnv: envs in worker processes that exchange data through shared-memory buffers."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -11,10 +12,9 @@ from .batched import BatchedEnv
 from .env_worker import run_env_worker
 from .errors import ArgumentError, SharedMemoryError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .one_thread import one_thread
-from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, fits_cores, resolve_start_method
+from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, resolve_start_method
 from .pool import WorkerPool
-from .protocol import OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STAGED_STEP, STEP
+from .protocol import OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STEP
 from .recycle import OutputSlots, numpy_of
 from .shared import EnvSpecs, allocate_buffers, allocate_copies, in_shared_memory
 from .specs import agreed_specs
@@ -76,10 +76,9 @@ class ParallelEnv(BatchedEnv):
         spin_s: seconds the main process and the workers poll for each other before blocking (see
             ``pool.py``). Default None: 1 ms up to two workers per usable core, else 0 (block at once: more
             pollers than that slow the workers down; ``platform_policy.SPIN_WORKERS_PER_CORE``).
-        pipeline: whether ``rollout`` (random actions) pipelines its steps: the workers run step ``t + 1``
-            while this process copies step ``t`` out of a second pair of shared buffers (allocated at the first
-            such rollout). Default None: when ``num_workers + 1`` fits in the usable cores (on a full machine
-            this process's copies would take the workers' cores; measured 25% slower on 2 cores, 2 workers).
+        pipeline: deprecated, without effect (a ``FutureWarning`` when given): random-action rollouts are
+            recorded by the workers themselves (see ``worker_rollout.py``), which the pipelined rollouts it chose
+            were a step towards.
         device: where the specs and outputs live (default: the CPU); e.g. ``"cuda"``: each output is copied there
             from the shared CPU buffers, where the envs step (``BatchedEnv.to``).
         owner: who this env is in messages, errors and worker process names (default: the class name; the
@@ -151,8 +150,9 @@ class ParallelEnv(BatchedEnv):
         self._handshake = BufferHandshake(num_envs)
         self._pool_options = dict(start_method=method, timeout=timeout, owner=owner, spin_s=spin_s, daemon=daemon,
                                   shutdown_timeout=shutdown_timeout)
-        self.pipeline = fits_cores(num_workers) if pipeline is None else bool(pipeline)
-        self._staging = self._staging_generation = None  # see staging_buffers()
+        if pipeline is not None:
+            warnings.warn(f"{owner}(pipeline=...) has no effect and will be removed: random-action rollouts are "
+                          "recorded by the workers themselves.", FutureWarning, stacklevel=2)
         self._out = OutputSlots()  # see _run_step
         self.worker_rollouts = WorkerRollouts(self)  # rollouts with random actions (see worker_rollout.py)
         self._start_pool()
@@ -266,22 +266,6 @@ class ParallelEnv(BatchedEnv):
             return
         out.hold(buffers, big, list(self._next.keys()), self.recycler.leaf_copier(self._next.exclude(*big)))
 
-    def staging_buffers(self):
-        """Allocated at the first call (shared memory, see ``shared.allocate_copies``) and given to the workers,
-        again to workers started since."""
-        self._ensure_open()
-        return self._bound_staging()
-
-    def _bound_staging(self):
-        if not self.pipeline or self._handshake.has_objects:
-            return None
-        if self._staging is None:  # (a new pool starts with none: ``_shutdown`` drops it)
-            self._staging = allocate_copies(self._step_buffers.select("root", "next"), 2,
-                                            "the pipelined rollout's staging buffers")
-            self._staging_generation = None
-        self._staging_generation = self._bind_in_workers("bind_staging", self._staging, self._staging_generation)
-        return self._staging
-
     def _bind_in_workers(self, call: str, buffers, bound: list | None) -> list:
         """``call(buffers, its rows)`` in each worker, unless ``bound`` (the pool's ``restarts`` when they last got
         them) is current; again while a worker is replaced during the call. Returns the ``restarts`` now bound."""
@@ -290,33 +274,6 @@ class ParallelEnv(BatchedEnv):
             bound = list(self._pool.restarts)
             self._run(self._pool.call, call, [(buffers, slice(w * k, (w + 1) * k)) for w in range(self.num_workers)])
         return bound
-
-    @one_thread
-    def start_staged_step(self, parity: int) -> None:
-        """Start a step of every env with the actions in :attr:`action_buffers` and return at once: this process
-        can read step ``t - 1`` in staging copy ``1 - parity`` while the workers run step ``t``. Nothing else may
-        be done with this env (its buffers included) until :meth:`finish_staged_step`."""
-        self._mark_used()
-        self._pool.check_open()  # closed from another thread: an error, never a restart in mid-rollout
-        self._bound_staging()  # a worker replaced since the last staged step needs the staging copies
-        self._pool.send(STAGED_STEP[parity], range(self.num_workers))
-
-    @one_thread
-    def finish_staged_step(self, parity: int) -> bool:
-        """Wait for the step :meth:`start_staged_step` started; then as after :meth:`step_buffers`. True: its
-        results are in staging copy ``parity`` (and in the buffers); False: read them in the buffers only (a
-        failed worker was replaced during the step, see ``max_restarts``)."""
-        try:
-            self._pool.wait(range(self.num_workers), STAGED_STEP[parity])
-            staged = True
-        except WorkerError as err:
-            self._recover(err, stepping=True)  # raises unless the failed workers were replaced
-            staged = False
-        except KeyboardInterrupt:
-            self.close()
-            raise
-        self._after_step(None)
-        return staged
 
     def _run_and_gather(self, code: int, workers: list[int]) -> list | None:
         """Run ``code`` on ``workers``; with non-tensor entries, gather what they answered with, as
@@ -435,7 +392,7 @@ class ParallelEnv(BatchedEnv):
 
     def _shutdown(self) -> None:
         self._pool.stop()
-        self._reset_mask = self._step_mask = self._staging = None
+        self._reset_mask = self._step_mask = None
         self._out.forget()  # (the slots handed out stay valid: their memory lives as long as they do)
         self.worker_rollouts.forget()  # (as are the rollouts)
         self._handshake.release()

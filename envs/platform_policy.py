@@ -64,11 +64,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def fits_cores(num_workers: int) -> bool:
-    """Whether ``num_workers`` workers and the main process can each have a usable core of their own."""
-    return num_workers + 1 <= usable_cores()
-
-
 def default_spin_s(num_workers: int) -> float:
     """:data:`SPIN_S` up to :data:`SPIN_WORKERS_PER_CORE` workers per usable core, else 0 (block at once: more
     pollers than that take the workers' cores)."""

@@ -50,10 +50,6 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
                     ``buffers["root"]``
 ``PARTIAL_STEP``    ParallelEnv: the same for its envs whose ``step_mask`` row is True (TorchRL's
                     ``"_step"``); the rows of the others are left as they are
-``STAGED_STEP[p]``  ParallelEnv: ``STEP``, then copy its rows of ``buffers["root"]`` and
-                    ``buffers["next"]`` into staging copy ``p`` (0 or 1), which it was given by
-                    ``CALL bind_staging``: the main process reads step ``t`` there while the workers
-                    run step ``t + 1`` (pipelined rollouts, see ``ParallelEnv.start_staged_step``)
 ``SLOT_STEP[p]``    ParallelEnv: ``STEP``, then copy its rows of the big leaves of ``buffers["next"]``
                     into output slot ``p`` (given by ``CALL bind_slots``), whose memory the main
                     process hands out as the step's own tensors (see ``ParallelEnv`` and
@@ -109,7 +105,6 @@ from .errors import EnvWorkerError
 
 # command codes
 STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
-STAGED_STEP = (6, 7)  # into staging copy 0 / 1
 OUTPUT_SLOTS = 4  # output slots of a ParallelEnv (see SLOT_STEP)
 SLOT_STEP = tuple(range(8, 8 + OUTPUT_SLOTS))  # into output slot 0 .. OUTPUT_SLOTS - 1
 ROLL = 8 + OUTPUT_SLOTS
@@ -119,7 +114,7 @@ NOTIFY = 0x100
 OK, FAILED = 0, 1
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
-    STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*STAGED_STEP, *SLOT_STEP, ROLL), "step"),
+    STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*SLOT_STEP, ROLL), "step"),
     RESET: "reset", COLLECT: "collection",
     COLLECT_RANDOM: "collection (random actions)",
     CALL: "a call", CLOSE: "close",

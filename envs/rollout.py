@@ -35,12 +35,9 @@ class StepRecorder:
         self._actions = _ColumnCopy([(storage.get(k), buffer) for k, buffer in actions], tdim)
 
     @classmethod
-    def of(cls, env, storage: TensorDictBase, results: TensorDictBase | None = None) -> StepRecorder:
-        """The recorder of ``env`` (a ``BatchedEnv``) into ``storage`` (batch ``[*env.batch_size, T]``). ``results``:
-        where to read the root and next from instead of the env's buffers (``"root"`` and ``"next"`` laid out as
-        them: one of the env's staging copies)."""
-        root, next_ = (env.root_buffer, env.next_buffer) if results is None else (results["root"], results["next"])
-        return cls(storage, root, next_, env.action_buffers, env.batch_dims)
+    def of(cls, env, storage: TensorDictBase) -> StepRecorder:
+        """The recorder of ``env`` (a ``BatchedEnv``) into ``storage`` (batch ``[*env.batch_size, T]``)."""
+        return cls(storage, env.root_buffer, env.next_buffer, env.action_buffers, env.batch_dims)
 
     def record_root(self, t: int) -> None:
         """Root buffer -> ``storage[:, t]`` (the state the step's action is taken in)."""
@@ -106,11 +103,8 @@ def random_rollout(env, root: TensorDictBase, max_steps: int, break_when_any_don
         storage.get(key).select(tdim, 0).copy_(root.get(key))
     if rolls is not None:
         steps = _in_workers(env, rolls, max_steps, break_when_any_done)
-    elif (staging := env.staging_buffers()) is None:
-        steps = _stepped(env, StepRecorder.of(env, storage), max_steps, break_when_any_done)
     else:
-        steps = _pipelined(env, StepRecorder.of(env, storage), [StepRecorder.of(env, storage, staging[p])
-                                                                for p in (0, 1)], max_steps, break_when_any_done)
+        steps = _stepped(env, StepRecorder.of(env, storage), max_steps, break_when_any_done)
     return storage if steps == max_steps else storage[..., :steps]
 
 
@@ -144,42 +138,6 @@ def _stepped(env, recorder: StepRecorder, max_steps: int, break_when_any_done: b
         if t + 1 < max_steps:
             recorder.record_root(t + 1)
     return max_steps
-
-
-def _pipelined(env, recorder: StepRecorder, staged: list[StepRecorder], max_steps: int,
-               break_when_any_done: bool) -> int:
-    """Step ``t + 1`` runs in the workers while this process copies step ``t`` from a staging copy (the two
-    copies alternate): the copies cost no wall time while the workers are busy. The next step is started only
-    once this one's done flags are read, so with ``break_when_any_done`` no step is taken beyond the rollout."""
-    next_done = env.next_done
-    flight = _start(env, recorder, 0)  # the parity of the step in flight, or None
-    try:
-        for t in range(max_steps):
-            flight = None
-            source = staged[t % 2] if env.finish_staged_step(t % 2) else recorder
-            more = t + 1 < max_steps and not (break_when_any_done and next_done.any())
-            if more and source is not recorder:  # start the next step, and copy this one meanwhile
-                flight = _start(env, recorder, t + 1)
-            source.record_next(t)
-            if not more:
-                return t + 1
-            source.record_root(t + 1)
-            if flight is None:  # this step is read from the buffers: the next may start only now
-                flight = _start(env, recorder, t + 1)
-        return max_steps
-    except BaseException:
-        if flight is not None:  # let the workers finish their step before the error goes on
-            try:
-                env.finish_staged_step(flight)
-            except BaseException:  # noqa: BLE001 - the first error is the one to report
-                pass
-        raise
-
-
-def _start(env, recorder: StepRecorder, t: int) -> int:
-    recorder.load_actions(t)
-    env.start_staged_step(t % 2)
-    return t % 2
 
 
 def policy_rollout(env, root: TensorDictBase, policy, max_steps: int, break_when_any_done: bool,

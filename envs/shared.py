@@ -312,11 +312,9 @@ def numpy_tree(td: TensorDictBase) -> dict:
 
 
 def allocate_copies(results: TensorDictBase, count: int, what: str) -> TensorDict:
-    """``count`` copies of ``results`` (some of the buffers, e.g. ``"root"`` and ``"next"``) in shared memory, batch
-    ``[count, num_envs, *B]``, that workers copy their rows of a step's results into: the pipelined rollout's two
-    staging copies (the main process reads step ``t`` while the workers run step ``t + 1``, see
-    ``ParallelEnv.start_staged_step``) and ParallelEnv's output slots (see ``recycle.OutputSlots``). ``what``
-    names them in a :class:`SharedMemoryError`."""
+    """``count`` copies of ``results`` (some of the buffers, e.g. big ``"next"`` leaves) in shared memory, batch
+    ``[count, num_envs, *B]``, that workers copy their rows of a step's results into: ParallelEnv's output slots
+    (see ``recycle.OutputSlots``). ``what`` names them in a :class:`SharedMemoryError`."""
     return in_shared_memory(torch.stack([results] * count).clone(), what)
 
 

@@ -86,10 +86,7 @@ class WorkerView(ParallelEnv):
         self.parent.step_buffers(self._parent_mask(mask))
         self._copy_rows()
 
-    def staging_buffers(self):
-        return None  # its steps go through the parent's (see _run_step): not pipelined
-
-    worker_rollouts = None  # (nor recorded by the workers)
+    worker_rollouts = None  # its steps go through the parent's (see _run_step): its rollouts are not recorded there
 
     def _run_reset(self, mask: np.ndarray | None):
         self._check_parent()

@@ -235,7 +235,7 @@ def test_a_worker_runs_only_its_declared_calls(no_leaks):
     """``CALL`` reaches a worker's declared calls by name only (protocol.py); another name is an error that names
     them, and the worker goes on serving."""
     with ParallelEnv(2, CountingEnv) as env:
-        with pytest.raises(EnvWorkerError, match=r"no call 'close'.*bind_staging.*env_attribute.*set_seed"):
+        with pytest.raises(EnvWorkerError, match=r"no call 'close'.*bind_rollout.*bind_slots.*env_attribute.*set_seed"):
             env._pool.call("close", [()] * 2)  # a method of the worker's env group, not declared
         assert env.rollout(3).batch_size == (2, 3)
 

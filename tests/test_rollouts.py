@@ -1,9 +1,9 @@
 """ParallelEnv rollouts with random actions, on both of their paths: recorded by the workers (``ROLL``, see
-``envs/worker_rollout.py``; the default) and pipelined (``ParallelEnv(pipeline=True)`` where the workers cannot
-record: the workers run step ``t + 1`` while the main process copies step ``t`` out of a staging copy). The data
-must be exactly a step-by-step rollout's, no step may be taken beyond a rollout that stops at a done, and failures
-(a worker replaced mid-rollout, a worker dying, an interrupted rollout) must leave the env as a step-by-step rollout
-would. A rollout the workers recorded is never written again while anything holds it."""
+``envs/worker_rollout.py``; the default) and step by step (this process copies each step out of the buffers: where
+the workers cannot record, e.g. into the caller's own ``out=`` storage). The data must be exactly a SerialEnv's, no
+step may be taken beyond a rollout that stops at a done, and failures (a worker replaced mid-rollout, a worker
+dying, an interrupted rollout) must leave the env as a step-by-step rollout would. A rollout the workers recorded
+is never written again while anything holds it."""
 import functools
 
 import pytest
@@ -11,18 +11,17 @@ import torch
 from torchrl.envs.utils import step_mdp
 
 from tdcollect.envs import ParallelEnv, SerialEnv, WorkerDiedError
-from tdcollect.envs.platform_policy import fits_cores
 from tdcollect.envs.worker_rollout import KEEP
 
 from .helpers import CountingEnv, CrashOnceEnv, FrameCountingEnv, SlowEnv, cartpole
 
 pytestmark = pytest.mark.timeout(120)
-PATHS = ["workers", "pipelined"]
+PATHS = ["workers", "stepped"]
 
 
 def _on_path(env, path: str):
-    """``env`` with its rollouts on ``path``: "pipelined" is the path taken where the workers cannot record."""
-    if path == "pipelined":
+    """``env`` with its rollouts on ``path``: "stepped" is the path taken where the workers cannot record."""
+    if path == "stepped":
         env.worker_rollouts.storage = lambda steps: None
     return env
 
@@ -48,12 +47,10 @@ def _rollouts(env, seed: int, lengths, break_when_any_done: bool):
 @pytest.mark.parametrize("break_when_any_done", [False, True])
 def test_rollouts_equal_step_by_step_rollouts(path, make, break_when_any_done, no_leaks):
     lengths = [30, 9, 30]
-    with _on_path(ParallelEnv(2, make, envs_per_worker=3, pipeline=True), path) as env:
-        assert env.staging_buffers() is not None
+    with _on_path(ParallelEnv(2, make, envs_per_worker=3), path) as env:
         ours = _rollouts(env, 5, lengths, break_when_any_done)
         assert (len(env.worker_rollouts.kept) > 0) == (path == "workers")
     with SerialEnv(6, make) as serial:
-        assert serial.staging_buffers() is None
         theirs = _rollouts(serial, 5, lengths, break_when_any_done)
     for a, b in zip(ours, theirs):
         assert a.batch_size == b.batch_size
@@ -62,13 +59,12 @@ def test_rollouts_equal_step_by_step_rollouts(path, make, break_when_any_done, n
         assert all(bool(out.get(("next", "done"))[:, -1].any()) for out in ours[:1])
 
 
-def test_the_default_pipelines_only_when_every_process_has_a_core():
-    with ParallelEnv(2, cartpole) as env:
-        assert env.pipeline == fits_cores(2)
-        assert (env.staging_buffers() is None) != env.pipeline
-    with ParallelEnv(2, cartpole, pipeline=False) as env:
-        assert env.staging_buffers() is None
+def test_pipeline_is_deprecated_and_without_effect(no_leaks):
+    with pytest.warns(FutureWarning, match=r"pipeline=\.\.\.\) has no effect"):
+        env = ParallelEnv(2, cartpole, pipeline=False)
+    with env:
         assert env.rollout(5).batch_size == (2, 5)
+        assert env.worker_rollouts.kept  # recorded by the workers all the same
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -77,7 +73,7 @@ def test_a_worker_replaced_mid_rollout(path, how, tmp_path, no_leaks):
     marker = str(tmp_path / "crashed")
     factories = [functools.partial(CountingEnv, episode_len=100), functools.partial(CrashOnceEnv, marker, how, 4)]
     with pytest.warns(RuntimeWarning, match="restarting worker 1"):
-        with _on_path(ParallelEnv(2, factories, max_restarts=1, pipeline=True), path) as env:
+        with _on_path(ParallelEnv(2, factories, max_restarts=1), path) as env:
             env.set_seed(0)
             out = env.rollout(10, break_when_any_done=False)
             assert env.restarts == [0, 1]
@@ -87,7 +83,7 @@ def test_a_worker_replaced_mid_rollout(path, how, tmp_path, no_leaks):
             assert steps[1, :3].tolist() == [0, 1, 2]
             assert bool(out.get(("next", "truncated"))[1, 3]) and out.get(("next", "observation"))[1, 3, 0] == 0
             assert steps[1, 4:].tolist() == list(range(6))
-            again = env.rollout(5, break_when_any_done=False)  # the new worker got the storage / staging copies too
+            again = env.rollout(5, break_when_any_done=False)  # the new worker got the storage too
             assert again.batch_size == (2, 5)
             assert again.get("observation")[:, :, 0].tolist() == [list(range(5))] * 2
 
@@ -95,7 +91,7 @@ def test_a_worker_replaced_mid_rollout(path, how, tmp_path, no_leaks):
 @pytest.mark.parametrize("path", PATHS)
 def test_a_worker_dying_mid_rollout_closes_the_env(path, no_leaks):
     factories = [functools.partial(CountingEnv, episode_len=100), functools.partial(CrashOnceEnv, None, "kill", 4)]
-    env = _on_path(ParallelEnv(2, factories, pipeline=True), path)
+    env = _on_path(ParallelEnv(2, factories), path)
     try:
         with pytest.raises(WorkerDiedError):
             env.rollout(10, break_when_any_done=False)
@@ -104,8 +100,8 @@ def test_a_worker_dying_mid_rollout_closes_the_env(path, no_leaks):
         env.close()
 
 
-def test_an_error_in_this_process_waits_for_the_step_in_flight(monkeypatch, no_leaks):
-    with _on_path(ParallelEnv(2, FrameCountingEnv, pipeline=True), "pipelined") as env:
+def test_an_error_in_this_process_leaves_no_step_under_way(monkeypatch, no_leaks):
+    with _on_path(ParallelEnv(2, FrameCountingEnv), "stepped") as env:
         env.set_seed(0)
         env.rollout(4, break_when_any_done=False)
         from tdcollect.envs.rollout import StepRecorder
