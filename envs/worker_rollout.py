@@ -12,7 +12,9 @@ Spans are bounded so that one lasts at most a quarter of the env's ``timeout``.
 Storage is recycled by recycle.py's rule: a storage is handed out again only when no tensor, view or numpy array
 of it is left; to torch the tensors handed out are plain CPU tensors (not shared ones), so one sent to another
 process is copied on the way. Before a fork of this process the storages are retired (a forked child holding a
-rollout keeps seeing it as it was).
+rollout keeps seeing it as it was). Each storage held costs two file descriptors while it lives (its memfd and its
+mapping's), so at most :data:`MAX_LIVE` live in a process: past that, a rollout goes step by step into the
+recycler's memory, and holding thousands of rollouts never runs the process out of file descriptors.
 
 A worker replaced during a span (``max_restarts``) has its envs reset by the env; here the step it was running is
 written for its envs as a failed step is (the reset observation, reward 0, truncated and done) and it runs the rest
@@ -24,6 +26,7 @@ import itertools
 import os
 import sys
 import time
+import weakref
 
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
@@ -38,6 +41,15 @@ from .shared import MappedTensors, in_shared_memory, key_tuple
 KEEP = 2
 #: references to a kept array while nobody else holds one: the storage's list, the loop's name, getrefcount's argument
 _OWN_REFS = 3
+#: storages alive at once in this process (kept, or held by their callers): see the module docstring
+MAX_LIVE = 64
+_live: list[weakref.ref] = []  # to one array of each storage made
+
+
+def live_storages() -> int:
+    """How many rollout storages of this process are alive (kept by an env, or held by a caller)."""
+    _live[:] = [ref for ref in _live if ref() is not None]
+    return len(_live)
 
 
 class _Storage:
@@ -92,6 +104,8 @@ class WorkerRollouts:
         if not hasattr(os, "memfd_create") or any(isinstance(td, LazyStackedTensorDict)
                                                   for td in (template, *template.values(True))):
             return None  # (heterogeneous entries, e.g. one per agent, have no one-piece storage)
+        if live_storages() >= MAX_LIVE:
+            return None
         try:
             if self.control is None:
                 self.control = in_shared_memory(torch.zeros(self.env.num_workers, 3, dtype=torch.int64, device="cpu"),
@@ -101,6 +115,8 @@ class WorkerRollouts:
             return None
         if len(self.kept) >= KEEP:
             self.kept.pop(0)
+        if mapped.arrays:
+            _live.append(weakref.ref(mapped.arrays[0]))
         return _Storage(next(self._keys), mapped)
 
     def run(self, t0: int, t1: int) -> None:

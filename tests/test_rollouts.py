@@ -168,3 +168,16 @@ def test_a_rollout_held_by_a_forked_process_is_never_refilled(no_leaks):
         go.set()
         assert answer.get() is True, "the forked process saw its rollout change"
         child.join(30)
+
+
+def test_past_max_live_storages_rollouts_go_step_by_step(monkeypatch, no_leaks):
+    """Each storage holds file descriptors: a caller holding many rollouts gets the later ones step by step."""
+    from tdcollect.envs import worker_rollout
+
+    monkeypatch.setattr(worker_rollout, "MAX_LIVE", worker_rollout.live_storages() + 3)
+    with ParallelEnv(2, FrameCountingEnv) as env, SerialEnv(2, FrameCountingEnv) as serial:
+        ours = _rollouts(env, 3, [4] * 6, False)
+        theirs = _rollouts(serial, 3, [4] * 6, False)
+        assert worker_rollout.live_storages() <= worker_rollout.MAX_LIVE
+        assert all((a == b).all() for a, b in zip(ours, theirs))
+        assert not any(out.get("observation").is_shared() for out in ours)
