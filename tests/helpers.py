@@ -7,6 +7,7 @@ import time
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium import spaces
 
 
@@ -320,3 +321,10 @@ def collect_all(factory, workers: int, frames_per_batch: int, batches: int) -> l
         collector.shutdown()
     assert len(out) == batches
     return out
+
+
+def compare_when_told(tensor, copy, go, answer) -> None:
+    """A forked process's body: once ``go`` is set, put on ``answer`` whether ``tensor`` still equals ``copy`` (memory
+    this process holds must never be written by the process it was forked from)."""
+    go.wait(60)
+    answer.put(bool(torch.equal(tensor, copy)))

@@ -15,7 +15,7 @@ from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.protocol import OUTPUT_SLOTS
 from tdcollect.envs.recycle import OutputSlots, Recycler
 
-from .helpers import FrameCountingEnv, FrameCrashOnceEnv
+from .helpers import FrameCountingEnv, FrameCrashOnceEnv, compare_when_told
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -309,10 +309,6 @@ def test_parallel_step_frames_come_uncopied_from_the_workers_and_are_never_overw
         assert all(from_slot[1:4]) and not all(from_slot), from_slot
 
 
-def _compare_when_told(frame, copy, go, answer):
-    go.wait(60)
-    answer.put(bool(torch.equal(frame, copy)))
-
 
 def test_a_frame_held_by_a_forked_process_is_never_refilled(no_leaks):
     ctx = torch.multiprocessing.get_context("fork")
@@ -325,7 +321,7 @@ def test_a_frame_held_by_a_forked_process_is_never_refilled(no_leaks):
         frame = stepped.get(("next", "observation"))
         slots = env._out.buffers.get(("next", "observation"))
         assert frame.data_ptr() in {slots[p].data_ptr() for p in range(OUTPUT_SLOTS)}
-        child = ctx.Process(target=_compare_when_told, args=(frame, frame.clone(), go, answer))
+        child = ctx.Process(target=compare_when_told, args=(frame, frame.clone(), go, answer))
         child.start()
         del stepped, frame, slots, td  # only the forked process holds the frame now
         td = env.reset()

@@ -13,7 +13,7 @@ from torchrl.envs.utils import step_mdp
 from tdcollect.envs import ParallelEnv, SerialEnv, WorkerDiedError
 from tdcollect.envs.worker_rollout import KEEP
 
-from .helpers import CountingEnv, CrashOnceEnv, FrameCountingEnv, SlowEnv, cartpole
+from .helpers import CountingEnv, CrashOnceEnv, FrameCountingEnv, SlowEnv, cartpole, compare_when_told
 
 pytestmark = pytest.mark.timeout(120)
 PATHS = ["workers", "stepped"]
@@ -149,10 +149,6 @@ def test_a_rollout_longer_than_the_timeout_runs_in_spans(no_leaks):
         assert not env.is_closed
 
 
-def _compare_when_told(frames, copy, go, answer):
-    go.wait(60)
-    answer.put(bool(torch.equal(frames, copy)))
-
 
 def test_a_rollout_held_by_a_forked_process_is_never_refilled(no_leaks):
     ctx = torch.multiprocessing.get_context("fork")
@@ -160,7 +156,7 @@ def test_a_rollout_held_by_a_forked_process_is_never_refilled(no_leaks):
     with ParallelEnv(2, FrameCountingEnv, envs_per_worker=2) as env:
         env.reset()
         frames = env.rollout(5, break_when_any_done=False).get("observation")
-        child = ctx.Process(target=_compare_when_told, args=(frames, frames.clone(), go, answer))
+        child = ctx.Process(target=compare_when_told, args=(frames, frames.clone(), go, answer))
         child.start()
         del frames  # only the forked process holds the rollout now
         for _ in range(2 * KEEP):
