@@ -135,7 +135,7 @@ class WorkerRollouts:
         env._after_step(None)
 
     def _longest(self, span: int) -> int:
-        return max(1, min(span, int(self.env.timeout / 4 / max(self._per_step, 1e-6))))
+        return max(1, int(min(span, self.env.timeout / 4 / max(self._per_step, 1e-6))))  # (timeout may be inf)
 
     def _span(self, t0: int, t1: int) -> None:
         env, storage = self.env, self._current

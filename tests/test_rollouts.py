@@ -149,6 +149,12 @@ def test_a_rollout_longer_than_the_timeout_runs_in_spans(no_leaks):
         assert not env.is_closed
 
 
+def test_a_rollout_without_a_timeout_runs_in_one_span(no_leaks):
+    with ParallelEnv(2, cartpole, timeout=float("inf")) as env:
+        for _ in range(2):  # (the second from the first one's pace)
+            assert env.rollout(20, break_when_any_done=False).batch_size == (2, 20)
+
+
 
 def test_a_rollout_held_by_a_forked_process_is_never_refilled(no_leaks):
     ctx = torch.multiprocessing.get_context("fork")
