@@ -320,7 +320,7 @@ def allocate_copies(results: TensorDictBase, count: int, what: str) -> TensorDic
 
 class StageCopy:
     """A worker's copy of its rows of the step buffers (``buffers``, its ``[k]`` slice) into the same rows of one
-    staging copy (``staged``, ``[k]``): numpy views made once, one ``copyto`` per leaf."""
+    output slot (``staged``, ``[k]``, see ``allocate_copies``): numpy views made once, one ``copyto`` per leaf."""
 
     def __init__(self, buffers: TensorDictBase, staged: TensorDictBase):
         self.pairs = [(numpy_view(staged.get(key)), numpy_view(buffers.get(key)))
