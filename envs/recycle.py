@@ -53,8 +53,8 @@ _libc = None
 
 # References to a kept buffer while nobody else holds one: the recycler's list and getrefcount's argument.
 _OWN_REFS = 2
-# ... to a slot's array: its tuple, the loop's name for it and getrefcount's argument (see OutputSlots.free)
-_SLOT_REFS = 3
+# ... to each of a group of arrays (see unheld): their container, the loop's name and getrefcount's argument
+_GROUP_REFS = 3
 
 
 class Recycler:
@@ -78,7 +78,7 @@ class Recycler:
 
     def clone(self, tensordict: TensorDictBase) -> TensorDictBase:
         """A copy of ``tensordict`` (tensor leaves only) in recycled memory (lazily stacked: ``clone()``)."""
-        if _holds_lazy_stacks(tensordict):
+        if holds_lazy_stacks(tensordict):
             return tensordict.clone()
         out = self.empty_like(tensordict)
         out.update_(tensordict)
@@ -209,7 +209,7 @@ class OutputSlots:
         count = len(self._arrays)
         for i in range(1, count + 1):
             p = (self._last + i) % count
-            if all(sys.getrefcount(array) <= _SLOT_REFS for array in self._arrays[p]):
+            if unheld(self._arrays[p]):
                 return p
         return None
 
@@ -241,6 +241,12 @@ def _retire_before_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_retire_before_fork)
+
+
+def unheld(arrays) -> bool:
+    """Whether nothing but ``arrays`` (a list or tuple of numpy arrays that a tensor handed out may be over) holds
+    any of them: no tensor, view or numpy array of their memory is left (the rule of the module docstring)."""
+    return all(sys.getrefcount(array) <= _GROUP_REFS for array in arrays)
 
 
 def numpy_of(value: torch.Tensor) -> np.ndarray | None:
@@ -277,7 +283,7 @@ def _direct(tensordicts: list[TensorDictBase]) -> bool:
     lazily stacked entries (heterogeneous shapes, e.g. one per agent: no one-piece storage), or when autograd
     records and a leaf of the first or last tensordict requires grad (their result must then carry the graph)."""
     first = tensordicts[0]
-    if _holds_lazy_stacks(first):
+    if holds_lazy_stacks(first):
         return True
     if not torch.is_grad_enabled():
         return False
@@ -285,7 +291,8 @@ def _direct(tensordicts: list[TensorDictBase]) -> bool:
     return any(getattr(leaf, "requires_grad", False) for td in ends for leaf in td.values(True, True))
 
 
-def _holds_lazy_stacks(td: TensorDictBase) -> bool:
+def holds_lazy_stacks(td: TensorDictBase) -> bool:
+    """Whether ``td`` is or holds a lazily stacked TensorDict (heterogeneous entries: no one-piece storage)."""
     return isinstance(td, LazyStackedTensorDict) or any(isinstance(value, LazyStackedTensorDict)
                                                         for value in td.values(True))
 

@@ -24,23 +24,20 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import time
 import weakref
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from .errors import SharedMemoryError
 from .protocol import ROLL
-from .recycle import retire_before_fork
+from .recycle import holds_lazy_stacks, retire_before_fork, unheld
 from .rollout import rollout_template
 from .shared import MappedTensors, in_shared_memory, key_tuple
 
 #: storages kept per env: a loop may hold one rollout while it asks for the next
 KEEP = 2
-#: references to a kept array while nobody else holds one: the storage's list, the loop's name, getrefcount's argument
-_OWN_REFS = 3
 #: storages alive at once in this process (kept, or held by their callers): see the module docstring
 MAX_LIVE = 64
 _live: list[weakref.ref] = []  # to one array of each storage made
@@ -61,7 +58,7 @@ class _Storage:
         self.steps = mapped.batch_size[-1]
 
     def free(self) -> bool:
-        return all(sys.getrefcount(array) <= _OWN_REFS for array in self.mapped.arrays)
+        return unheld(self.mapped.arrays)
 
 
 class WorkerRollouts:
@@ -94,15 +91,18 @@ class WorkerRollouts:
         else:
             self.kept.remove(found)
         self.kept.append(found)
-        keys = [s.key for s in self.kept]
-        found.bound = self.env._bind_in_workers("bind_rollout", (found.key, found.mapped, self.control, keys),
-                                                found.bound)
+        self._bind(found)
         self._current = found
         return found.mapped.tensordict()
 
+    def _bind(self, storage: _Storage) -> None:
+        """Give ``storage`` to the workers that lack it (all at first; later, those replaced since); they let go of
+        the storages no longer kept."""
+        payload = (storage.key, storage.mapped, self.control, [s.key for s in self.kept])
+        storage.bound = self.env._bind_in_workers("bind_rollout", payload, storage.bound)
+
     def _make(self, template: TensorDictBase) -> _Storage | None:
-        if not hasattr(os, "memfd_create") or any(isinstance(td, LazyStackedTensorDict)
-                                                  for td in (template, *template.values(True))):
+        if not hasattr(os, "memfd_create") or holds_lazy_stacks(template):
             return None  # (heterogeneous entries, e.g. one per agent, have no one-piece storage)
         if live_storages() >= MAX_LIVE:
             return None
@@ -147,8 +147,7 @@ class WorkerRollouts:
             env._run(env._pool.run, ROLL, workers, False, (ROLL, t1 - t0))  # (waits: see protocol.Wait)
             replaced = [w for w in workers if env._pool.restarts[w] != before[w]]
             if replaced:  # (env._run reset their envs)
-                storage.bound = env._bind_in_workers("bind_rollout", (storage.key, storage.mapped, self.control,
-                                                                      [s.key for s in self.kept]), storage.bound)
+                self._bind(storage)
                 for w in replaced:
                     self._write_restarted_step(w, int(control[w, 1]))
                     control[w, 1] += 1
@@ -162,11 +161,9 @@ class WorkerRollouts:
         mask = torch.zeros(env.num_envs, dtype=torch.bool, device="cpu")
         mask[rows] = True
         env._write_restarted_step(mask.reshape(-1, *[1] * (env.batch_dims - 1)).expand(env.batch_size))
-        tdim = env.batch_dims
-        stored = {key_tuple(key): torch.from_numpy(array) for (key, *_), array in zip(storage.mapped.layout,
-                                                                                       storage.mapped.arrays)}
+        tdim, stored = env.batch_dims, storage.mapped.tensordict()
         for key, leaf in env.next_buffer.items(True, True):
-            stored[("next", *key_tuple(key))].select(tdim, t)[rows].copy_(leaf[rows])
+            stored.get(("next", *key_tuple(key))).select(tdim, t)[rows].copy_(leaf[rows])
         if t + 1 < storage.steps:
             for key, leaf in env.root_buffer.items(True, True):
-                stored[key_tuple(key)].select(tdim, t + 1)[rows].copy_(leaf[rows])
+                stored.get(key).select(tdim, t + 1)[rows].copy_(leaf[rows])
