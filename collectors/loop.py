@@ -25,7 +25,7 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdcollect.envs.batched import BatchedEnv
-from tdcollect.envs.inputs import in_spec_shape
+from tdcollect.envs.inputs import COLLECTOR_ACTION_CHECKS, action_check, in_spec_shape
 from tdcollect.envs.rollout import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite
@@ -45,9 +45,10 @@ class BatchLoop:
 
     Options (as in TorchRL): ``reset_at_each_iter``, ``max_frames_per_traj``, ``exploration_type`` (the
     interaction type the policy runs under, default ``ExplorationType.RANDOM``: stochastic actors sample);
-    ``check_actions`` (default True): every step's actions are checked against the action spec (shape,
-    dtype, integer actions in range, floats finite; ``"bounds"``: continuous bounds too) before they reach the
-    envs, else only the first step's;
+    ``check_actions`` (default True): every step's actions are checked against the action spec before they reach
+    the envs: shape and dtype (a cast that would change them is a ``ValueError``), integer actions in range and
+    floats finite (outside: a ``UserWarning``, and they reach the envs unchanged, as in TorchRL; ``"raise"``: a
+    ``ValueError``; ``"bounds"``: continuous bounds too, raising); False: only the first step's shape and dtype;
     ``check_values`` (default False): a batch whose observations or rewards hold NaN or an infinity is a
     ``ValueError`` naming the env (its row) and the key; ``interruptor``: see ``preemption.py``.
     """
@@ -69,8 +70,8 @@ class BatchLoop:
         self.max_frames_per_traj = max_frames_per_traj
         self.exploration_type = exploration_type
         self.check_actions, self.check_values = bool(check_actions), check_values
-        #: what write_actions checks: continuous bounds too only with check_actions="bounds"
-        self.action_check = True if check_actions == "bounds" else "finite"
+        #: what write_actions checks (see inputs.COLLECTOR_ACTION_CHECKS)
+        self.action_check = action_check(check_actions, COLLECTOR_ACTION_CHECKS)
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
         #: TorchRL's interruptor (``collectors/preemption.py``): polled after each step; ``steps_taken`` of the last
         #: batch (the storage's later steps are left as they were)
@@ -333,7 +334,7 @@ def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, expl
         max_frames_per_traj = None  # TorchRL's -1: no limit
     return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
             "exploration_type": exploration_type,
-            "check_actions": check_actions if check_actions == "bounds" else bool(check_actions),
+            "check_actions": check_actions if action_check(check_actions, COLLECTOR_ACTION_CHECKS)[0] else False,
             "check_values": bool(check_values)}
 
 

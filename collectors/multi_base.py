@@ -98,7 +98,7 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                  reset_at_each_iter: bool = False, init_random_frames: int = 0,
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  mp_start_method: str | None = None, timeout: float = 300.0, max_restarts: int = 0,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False, return_same_td: bool = False, policy_factory=None,
                  compile_policy=None, num_threads: int | None = None,
                  auto_register_policy_transforms: bool | None = None, init_fn=None, preemptive_threshold=None,

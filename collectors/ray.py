@@ -185,7 +185,7 @@ class RayCollector(CollectorBase):
                  max_frames_per_traj: int | None = None, progress_bar: bool = False,
                  ray_init_kwargs: dict | None = None, num_cpus: float = 1, num_gpus: float = 0,
                  max_restarts: int = 3, timeout: float = 300.0,
-                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool = True,
+                 exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
                  check_values: bool = False):
         self._actors: list = []
         self._started_ray = False

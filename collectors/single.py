@@ -52,8 +52,10 @@ class Collector(LocalCalls, CollectorBase):
         exploration_type: the interaction type the policy runs under, as in TorchRL (default
             ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
         check_actions: check every step's actions against the action spec before they reach the envs (default
-            True: shape, dtype, integer and one-hot actions in range, no NaN/inf; ``"bounds"``: the bounds of
-            continuous specs too, which TorchRL's collectors do not enforce); False checks the first step only.
+            True: shape and dtype, integer and one-hot actions in range, no NaN/inf; values outside the spec go
+            to the envs unchanged, as in TorchRL's collectors, with a ``UserWarning``; ``"raise"``: a
+            ``ValueError`` instead; ``"bounds"``: the bounds of continuous specs too, raising); False checks the
+            first step's shapes and dtypes only.
         check_values: opt-in (default False): a batch whose observations or rewards hold NaN or an infinity is a
             ``ValueError`` naming the env and the key (shapes, ``None`` and values that do not fit the buffers'
             dtypes are refused always).

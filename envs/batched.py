@@ -29,7 +29,7 @@ from torchrl.envs import EnvBase
 
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
-from .inputs import checked_actions, reset_mask, set_child, step_mask, value_checker
+from .inputs import action_check, checked_actions, reset_mask, set_child, step_mask, value_checker
 from .one_thread import one_thread
 from .platform_policy import built_on_cpu
 from .recycle import Recycler
@@ -56,6 +56,7 @@ class BatchedEnv(Forwarding, EnvBase):
         self._cpu_action_spec = self.full_action_spec  # the buffers' and the action checks', whatever ``device``
         self.full_reward_spec = specs.reward.expand(num_envs, *specs.batch_shape)
         self.full_done_spec = specs.done.expand(num_envs, *specs.batch_shape)
+        action_check(check_actions)  # (a clear error for an unknown mode)
         self.check_actions = check_actions
         #: opt-in: refuse NaN and infinite observations and rewards after every step and reset (see values.py)
         self.check_values = False
@@ -333,24 +334,24 @@ class BatchedEnv(Forwarding, EnvBase):
         self._step_envs(mask)
 
     @one_thread
-    def write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
+    def write_actions(self, tensordict: TensorDictBase, check: tuple | None = None) -> None:
         """Copy the action entries of ``tensordict`` into the action buffer, after checking them.
 
         Raises ``ValueError`` naming the key and the expected shape/dtype when an action does not fit.
         """
         self._write_actions(tensordict, check)
 
-    def _write_actions(self, tensordict: TensorDictBase, check: bool | None = None) -> None:
+    def _write_actions(self, tensordict: TensorDictBase, check: tuple | None = None) -> None:
         values = self.checked_actions(tensordict, self.num_envs, self._value_checks, check)
         for (_, buffer, _), value in zip(self._action_slots, values):
             # (an action that requires grad must not tie the buffers to its graph)
             buffer.copy_(value.detach() if value.requires_grad else value)
 
     def checked_actions(self, tensordict: TensorDictBase, n: int, value_checks: dict,
-                        check: bool | None = None) -> list[torch.Tensor]:
+                        check: tuple | None = None) -> list[torch.Tensor]:
         """The action entries of ``tensordict`` for ``n`` envs, checked (see :func:`.inputs.checked_actions`;
-        ``check`` defaults to ``check_actions``)."""
-        check = self.check_actions if check is None else check
+        ``check`` defaults to ``check_actions``'s)."""
+        check = action_check(self.check_actions) if check is None else check
         return checked_actions(tensordict, n, self._action_slots, value_checks, check, self.owner)
 
     @one_thread

@@ -6,23 +6,44 @@ per env; the ``"_reset"`` entries, one flag per element or per agent group) as n
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 
+#: ``check_actions`` -> (the values checked, whether one outside the spec raises). ``"spec"``: every spec's
+#: bounds; ``"finite"``: integer and one-hot ranges, floats finite (continuous bounds unchecked, as in TorchRL's
+#: collectors). Not raising, an action outside its spec goes to the envs unchanged, as TorchRL sends it, with a
+#: ``UserWarning``.
+ENV_ACTION_CHECKS = {False: (None, False), True: ("spec", False), "raise": ("spec", True)}
+COLLECTOR_ACTION_CHECKS = {False: (None, False), True: ("finite", False), "raise": ("finite", True),
+                           "bounds": ("spec", True)}
 
-def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], value_checks: dict, check: bool | str,
-                    owner: str) -> list[torch.Tensor]:
+
+def action_check(check_actions, modes: dict = ENV_ACTION_CHECKS) -> tuple[str | None, bool]:
+    """``modes[check_actions]``, or a ``ValueError`` listing the modes."""
+    try:
+        return modes[check_actions]
+    except (KeyError, TypeError):
+        raise ValueError(f"check_actions must be one of {', '.join(map(repr, modes))}; got {check_actions!r}."
+                         ) from None
+
+
+def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], value_checks: dict,
+                    check: tuple[str | None, bool], owner: str) -> list[torch.Tensor]:
     """The action entries of ``tensordict`` for ``n`` envs, in the order of ``slots`` (``(key, buffer [N, ...],
-    spec)`` per action key), after checking their shape, dtype and (when ``check``) values with
-    ``value_checks[key]``; ``check="finite"`` checks floating-point actions for NaN and infinities only (not the
-    bounds of a continuous spec, which TorchRL's collectors do not enforce), integer ones against their spec.
+    spec)`` per action key), after checking their shape and dtype, and their values as ``check`` (see
+    :data:`ENV_ACTION_CHECKS`) says: ``value_checks[key]`` for ``"spec"``; for ``"finite"``, floating-point actions
+    for NaN and infinities only, integer ones against their spec.
 
     An entry whose shape lacks only the spec's last dim, of size one (categorical actions ``[n]`` for a ``[n, 1]``
     spec, which TorchRL's envs take), is given it; any other shape than the expected one is refused.
-    Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected.
+    Raises ``KeyError`` for a missing entry and ``ValueError`` naming the key and what was expected; values outside
+    the spec raise only when ``check[1]``, else they are kept, with a ``UserWarning``.
     """
+    extent, strict = check
     values = []
     for key, buffer, spec in slots:
         expected = (n, *buffer.shape[1:])
@@ -42,19 +63,26 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
                 f"{tuple(buffer.shape[1:])}) and dtype {buffer.dtype}; action spec: {type(spec).__name__}."
             )
         if value.dtype != buffer.dtype:
-            value = cast_action(key, value, buffer.dtype, check)
-        if check == "finite" and value.dtype.is_floating_point:
+            value = cast_action(key, value, buffer.dtype, extent is not None)
+        if extent == "finite" and value.dtype.is_floating_point:
             if not bool(torch.isfinite(value).all()):
-                raise ValueError(f"{key!r} holds NaN or infinite values; nothing was sent to the envs. A policy that "
-                                 "diverged?")
-        elif check and not value_checks[key](value):
-            raise ValueError(
-                f"{key!r} holds values outside its spec ({bounds(spec)}"
-                f"{', NaN and infinities excluded' if value.dtype.is_floating_point else ''}); nothing was "
-                "sent to the envs. A policy that diverged, or actions on another scale than the spec's?"
-            )
+                outside_spec(f"{key!r} holds NaN or infinite values", strict, "A policy that diverged?")
+        elif extent and not value_checks[key](value):
+            outside_spec(f"{key!r} holds values outside its spec ({bounds(spec)}"
+                         f"{', NaN and infinities excluded' if value.dtype.is_floating_point else ''})", strict,
+                         "A policy that diverged, or actions on another scale than the spec's?")
         values.append(value)
     return values
+
+
+def outside_spec(what: str, strict: bool, hint: str) -> None:
+    """Actions outside their spec: a ``ValueError`` when ``strict`` (nothing is sent), else a ``UserWarning``
+    (shown once per message) and the actions go to the envs as they are, as TorchRL sends them."""
+    if strict:
+        raise ValueError(f"{what}; nothing was sent to the envs. {hint}")
+    warnings.warn(f"{what}; they were sent to the envs unchanged, as TorchRL sends them. {hint} Pass "
+                  "check_actions='raise' to refuse them (nothing is sent), or check_actions=False to skip this check.",
+                  UserWarning, stacklevel=2)
 
 
 def entry(tensordict: TensorDictBase, key) -> torch.Tensor | None:
@@ -84,17 +112,17 @@ def in_spec_shape(value: torch.Tensor, expected: tuple) -> torch.Tensor:
 
 
 def cast_action(key, value: torch.Tensor, dtype: torch.dtype, check: bool) -> torch.Tensor:
-    """``value`` cast to the action spec's ``dtype`` (as TorchRL's envs do). When ``check``, a cast from
-    floating point to integers or bools must keep every value (``1.0`` -> ``1``; ``0.7`` raises
-    ``ValueError``): truncating a policy's output would send other actions than it chose."""
+    """``value`` cast to the action spec's ``dtype`` (as TorchRL's envs do). When ``check``, a cast to integers
+    or bools must keep every value (``1.0`` -> ``1``; ``0.7``, ``300`` into ``uint8`` or ``2`` into ``bool``
+    raise ``ValueError``): truncating or wrapping a policy's output would send other actions than it chose."""
     cast = value.to(dtype)
-    if check and value.dtype.is_floating_point and not dtype.is_floating_point:
-        if not torch.equal(cast.to(value.dtype), value):
-            raise ValueError(
-                f"{key!r} has dtype {value.dtype} with non-integral values, but the action spec's dtype is "
-                f"{dtype}: casting would change the actions. Round or sample them as {dtype} (e.g. "
-                "action_spec.rand()), or pass check_actions=False to cast as torch does."
-            )
+    if check and not dtype.is_floating_point and not torch.equal(cast.to(value.dtype), value):
+        what = "non-integral values" if value.dtype.is_floating_point else f"values that {dtype} cannot hold"
+        raise ValueError(
+            f"{key!r} has dtype {value.dtype} with {what}, but the action spec's dtype is {dtype}: casting would "
+            f"change the actions. Round or sample them as {dtype} (e.g. action_spec.rand()), or pass "
+            "check_actions=False to cast as torch does."
+        )
     return cast
 
 

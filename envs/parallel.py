@@ -65,7 +65,9 @@ class ParallelEnv(BatchedEnv):
         mp_start_method: ``"fork"``, ``"forkserver"`` or ``"spawn"``; default :func:`default_start_method`.
             The global start method is never read nor changed.
         timeout: seconds a worker may take for one command before :class:`~tdcollect.envs.errors.WorkerTimeoutError`.
-        check_actions: check actions against ``action_spec`` (values too) before sending them.
+        check_actions: check actions against ``action_spec`` before sending them: shapes, and casts to the spec's
+            dtype that would change a value (``ValueError``); values outside the spec go to the envs unchanged,
+            as in TorchRL, with a ``UserWarning`` (``"raise"``: a ``ValueError``, nothing sent; False: unchecked).
         check_values: opt-in (default False): after every step and reset, a NaN or infinite observation or
             reward is a ``ValueError`` naming the env and the key (``check_env_specs`` for a training run).
             Always checked, whatever this says: shapes, ``None``, and values that the buffer's dtype cannot hold.

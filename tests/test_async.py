@@ -78,7 +78,7 @@ def test_episode_ends_auto_reset(no_leaks):
 
 
 def test_misuse_is_refused_with_a_clear_error(no_leaks):
-    with AsyncParallelEnv(2, cartpole, batch_workers=1, envs_per_worker=2) as env:
+    with AsyncParallelEnv(2, cartpole, batch_workers=1, envs_per_worker=2, check_actions="raise") as env:
         with pytest.raises(RuntimeError, match="call async_reset"):
             env.recv()
         env.async_reset()

@@ -155,7 +155,8 @@ def test_continuous_actions_from_the_gpu(no_leaks):
     """Bounded actions on the GPU are checked against the spec's bounds on their way to the CPU buffers."""
     import gymnasium as gym
 
-    with ParallelEnv(2, lambda: gym.make("Pendulum-v1"), envs_per_worker=2, device="cuda") as env:
+    with ParallelEnv(2, lambda: gym.make("Pendulum-v1"), envs_per_worker=2, device="cuda",
+                     check_actions="raise") as env:
         root = env.reset()
         root["action"] = torch.zeros((4, 1), device="cuda")
         stepped, root = env.step_and_maybe_reset(root)

@@ -5,6 +5,7 @@ import functools
 import os
 import signal
 import time
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -138,18 +139,38 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_collector_checks_every_steps_actions(case, no_leaks):
     factory, policy, expected = CASES[case]
-    with Collector(SerialEnv(2, factory), policy(), frames_per_batch=20, total_frames=40) as collector:
-        with pytest.raises(ValueError, match=expected):
+    with Collector(SerialEnv(2, factory), policy(), frames_per_batch=20, total_frames=40,
+                   check_actions="raise") as collector:
+        with pytest.raises(ValueError, match=expected + ".*nothing was sent"):
             next(iter(collector))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_actions_outside_the_spec_reach_the_envs_with_a_warning(case, no_leaks):
+    # TorchRL's collectors send them as they are; ours too (the default), saying so once
+    factory, policy, expected = CASES[case]
+    with Collector(SerialEnv(2, factory), policy(), frames_per_batch=20, total_frames=20) as collector:
+        with pytest.warns(UserWarning, match=expected + ".*sent to the envs unchanged, as TorchRL"):
+            batch = next(iter(collector))
+    received = batch["next", "observation"][:, 3:, 1]  # CountingEnv observes the action it was given
+    assert (received.isnan() if case == "continuous" else received == 7).all()
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_multisync_checks_every_steps_actions(case, no_leaks):
     factory, policy, expected = CASES[case]
-    collector = MultiSyncCollector([factory] * 2, policy(), frames_per_batch=20, total_frames=40)
+    collector = MultiSyncCollector([factory] * 2, policy(), frames_per_batch=20, total_frames=40,
+                                   check_actions="raise")
     with pytest.raises(EnvWorkerError, match=r"raised ValueError during collection: " + expected):
         next(iter(collector))
     collector.shutdown()
+
+
+def test_an_unknown_check_actions_mode_is_refused(no_leaks):
+    with pytest.raises(ValueError, match=r"check_actions must be one of False, True, 'raise', 'bounds'; got 'strict'"):
+        Collector(SerialEnv(1, CountingEnv), frames_per_batch=4, check_actions="strict")
+    with pytest.raises(ValueError, match=r"check_actions must be one of False, True, 'raise'; got 'bounds'"):
+        SerialEnv(1, CountingEnv, check_actions="bounds")
 
 
 class OutOfBounds(nn.Module):
@@ -168,12 +189,16 @@ def test_continuous_bounds_are_the_envs_unless_asked(no_leaks):
             next(iter(collector))
 
 
-def test_check_actions_false_checks_the_first_step_only(no_leaks):
+def test_check_actions_false_checks_the_first_steps_shape_only(no_leaks):
     factory, policy, _ = CASES["discrete"]
     with Collector(SerialEnv(2, factory), policy(), frames_per_batch=20, total_frames=20,
                    check_actions=False) as collector:
         batch = next(iter(collector))
     assert (batch["action"][:, 3:] == 7).all(), "unchecked: the envs received the policy's actions as they were"
     with Collector(SerialEnv(2, factory), lambda td: td.set("action", torch.full((2,), 9)), frames_per_batch=20,
-                   check_actions=False) as collector, pytest.raises(ValueError, match="outside its spec"):
+                   check_actions=False) as collector, warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*outside its spec")  # no warning either: not checked
+        assert (next(iter(collector))["action"] == 9).all()
+    with Collector(SerialEnv(2, factory), lambda td: td.set("action", torch.full((2, 2), 1)), frames_per_batch=20,
+                   check_actions=False) as collector, pytest.raises(ValueError, match=r"has shape \(2, 2\)"):
         next(iter(collector))

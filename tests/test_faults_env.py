@@ -142,7 +142,7 @@ def test_stuck_step_times_out(spin_s, no_leaks):
 
 @pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
 def test_wrong_action_is_caught_before_sending(cls, no_leaks):
-    with cls(2, CountingEnv) as env:
+    with cls(2, CountingEnv, check_actions="raise") as env:
         td = env.reset()
         td["action"] = torch.tensor([[1], [1]])
         with pytest.raises(ValueError, match=r"'action' has shape \(2, 1\).*expects shape \(2,\)"):
@@ -156,6 +156,19 @@ def test_wrong_action_is_caught_before_sending(cls, no_leaks):
         # nothing reached the envs: they still count from 0
         td["action"] = torch.tensor([2, 2])
         assert env.step(td)["next", "observation"][:, 0].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("cls", [ParallelEnv, SerialEnv])
+def test_actions_outside_the_spec_reach_the_envs_with_a_warning_by_default(cls, no_leaks):
+    with cls(2, CountingEnv) as env:  # TorchRL's batched envs send such actions as they are; ours say so
+        td = env.reset().set("action", torch.tensor([1, 7]))
+        with pytest.warns(UserWarning, match=r"'action' holds values outside its spec \(integers in \[0, 2\]\); "
+                                             "they were sent to the envs unchanged"):
+            out = env.step(td)
+        assert out["next", "observation"][:, 1].tolist() == [1.0, 7.0]  # the action each env observed
+        td["action"] = torch.tensor([1.5, 1.0])  # a cast that would change the actions is refused all the same
+        with pytest.raises(ValueError, match="non-integral values"):
+            env.step(td)
 
 
 def test_spec_mismatch_between_workers_lists_the_keys(no_leaks):

@@ -234,8 +234,23 @@ def test_actions_cast_to_the_spec_dtype(no_leaks):
         assert env.step(td)["next", "last_action"].squeeze(-1).tolist() == [2.0, 2.0]  # cast as torch casts
 
 
+def test_integer_actions_that_would_wrap_are_refused(no_leaks):
+    from torchrl.testing.mocking_classes import CountingBatchedEnv  # Binary(1) actions: int8
+
+    with SerialEnv(2, CountingBatchedEnv) as env:
+        td = env.reset()
+        td["action"] = torch.ones(2, 1, dtype=torch.int64)  # fits int8: cast as TorchRL's envs cast it
+        assert env.step(td)["next", "observation"].squeeze(-1).tolist() == [1, 1]
+        td["action"] = torch.tensor([[1], [300]])  # 300 would wrap to 44 in int8
+        with pytest.raises(ValueError, match=r"'action' has dtype torch.int64 with values that torch.int8 cannot "
+                                             r"hold, but the action spec's dtype is torch.int8"):
+            env.step(td)
+        td["action"] = torch.ones(2, 1, dtype=torch.int64)
+        assert env.step(td)["next", "observation"].squeeze(-1).tolist() == [2, 2], "nothing reached the envs"
+
+
 def test_one_hot_actions_may_be_all_zero(no_leaks):
-    with ParallelEnv(2, functools.partial(TorchCountingEnv, one_hot=True)) as env:
+    with ParallelEnv(2, functools.partial(TorchCountingEnv, one_hot=True), check_actions="raise") as env:
         td = env.reset()
         td["action"] = torch.zeros(2, 4, dtype=env.action_spec.dtype)
         env.step(td)
