@@ -43,7 +43,7 @@ class BatchedEnv(Forwarding, EnvBase):
     ``()`` unless the envs are batched TorchRL envs; see the module docstring). Done flags and resets are per
     element of that batch (``num_envs * prod(B)`` of them, flattened in the masks below)."""
 
-    def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool = True,
+    def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool | str = True,
                  owner: str | None = None, device: torch.device | None = None):
         self._in_use = threading.RLock()
         super().__init__(batch_size=torch.Size([num_envs, *specs.batch_shape]), device=torch.device("cpu"))

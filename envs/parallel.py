@@ -116,7 +116,7 @@ class ParallelEnv(BatchedEnv):
         envs_per_worker: int = 1,
         mp_start_method: str | None = None,
         timeout: float = 120.0,
-        check_actions: bool = True,
+        check_actions: bool | str = True,
         check_values: bool = False,
         max_restarts: int = 0,
         spin_s: float | None = None,

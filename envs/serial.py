@@ -41,7 +41,7 @@ class SerialEnv(BatchedEnv):
         create_env_kwargs: dict | Sequence[dict] | None = None,
         *,
         owner: str | None = None,
-        check_actions: bool = True,
+        check_actions: bool | str = True,
         check_values: bool = False,
         device=None,
         **torchrl_options,
