@@ -50,8 +50,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         env_fns: one constructor per env (lambdas and closures work under every start method); env ``i`` runs in
             worker ``i // envs_per_worker``.
         shared_memory: the spaces ``AsyncVectorEnv`` takes with it, as it does. Values of Box, Discrete,
-            MultiDiscrete, MultiBinary and Dict/Tuple of these always travel through shared buffers; Text and
-            OneOf travel pickled (one value per env per step); Graph, Sequence and spaces of your own are refused
+            MultiDiscrete, MultiBinary and Dict/Tuple of these always travel through shared buffers; Text, OneOf,
+            Graph and Sequence travel pickled (one value per env per step); space classes of your own are refused
             at start-up unless ``shared_memory=False`` (then they travel pickled too). Pickled spaces are batched
             as gymnasium batches them (a tuple with one entry per env for Text, Graph, Sequence, OneOf, ...).
         copy: return copies of the observations (True) or views of the buffers, overwritten by the next call.
@@ -112,7 +112,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         self._core = EngineCore(env_fns, owner=type(self).__name__, mode=self._mode, num_workers=num_workers,
                                 envs_per_worker=envs_per_worker, start_method=context, timeout=timeout,
                                 max_restarts=max_restarts, spin_s=spin_s, raw_final=self._mode == SAME_STEP,
-                                check_values=check_values, pickled="fixed" if shared_memory else "any")
+                                check_values=check_values, pickled="gymnasium" if shared_memory else "any")
         try:
             self._set_spaces(self._core.spaces)
         except BaseException:

@@ -123,7 +123,7 @@ class EngineWorkers:
 class EngineCore:
     """The envs of ``env_fns`` in ``num_workers`` processes of ``envs_per_worker`` envs each (env ``i`` in worker
     ``i // envs_per_worker``), stepped with autoreset ``mode`` (``vector_worker.SAME_STEP`` / ``NEXT_STEP`` /
-    ``DISABLED``). ``pickled`` (None, ``"fixed"`` or ``"any"``): which spaces the buffers cannot hold travel
+    ``DISABLED``). ``pickled`` (None, ``"gymnasium"`` or ``"any"``): which spaces the buffers cannot hold travel
     pickled instead of being refused (``vector_worker.travels_pickled``).
 
     Attributes: ``num_envs``; ``spaces`` (per env: ``{"observation_space", "action_space", "metadata",

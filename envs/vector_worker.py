@@ -16,8 +16,8 @@ Each user env is built in its worker by a :class:`WorkerFactory` and stepped by 
   ``start`` shift), unsigned integers wider than a byte in a wider signed type (:data:`WIDENED`), a
   ``Dict``/``Tuple`` under one key ``"obs"``.
 - **pickled spaces** (:func:`travels_pickled`; ``pickled="any"``: gymnasium's ``shared_memory=False``, any space
-  the buffers cannot hold, e.g. Text, Graph, Sequence, OneOf, a space class of the user's own; ``"fixed"``: its
-  ``shared_memory=True``, only the spaces gymnasium keeps in shared memory, Text and OneOf; ``None``: none) are
+  the buffers cannot hold, e.g. Text, Graph, Sequence, OneOf, a space class of the user's own; ``"gymnasium"``:
+  its ``shared_memory=True``, the same but for a space class of the user's own; ``None``: none) are
   given to the engine as the one-byte :data:`PLACEHOLDER`; each observation the engine gets is posted pickled
   (``NEXT_OBS`` from a step, ``ROOT_OBS`` from a reset). Such an action space is a :data:`PLACEHOLDER` too: the
   main process sends each env's action with the ``set_action`` call before the step.
@@ -165,22 +165,25 @@ def engine_space(space: spaces.Space, pickled: str | None = None) -> spaces.Spac
 
 def travels_pickled(space: spaces.Space, pickled: str | None) -> bool:
     """Whether values of ``space`` travel pickled: the buffers cannot hold them, and ``pickled`` is ``"any"``, or
-    ``"fixed"`` and gymnasium keeps them in shared memory (a fixed size: Text, OneOf; no Graph, Sequence or space
-    class of the user's own at any depth)."""
+    ``"gymnasium"`` and every space in it (at any depth) is one of gymnasium's own classes (Text, OneOf, Graph,
+    Sequence, ...; not a space class of the user's own, which ``AsyncVectorEnv(shared_memory=True)`` refuses)."""
     if pickled is None:
         return False
     try:
         _relaxed(space)
     except UnsupportedSpaceError:
-        return pickled == "any" or _fixed_size(space)
+        return pickled == "any" or _gymnasium_classes(space)
     return False
 
 
-def _fixed_size(space: spaces.Space) -> bool:
+def _gymnasium_classes(space: spaces.Space) -> bool:
     if isinstance(space, (spaces.Dict, spaces.Tuple, spaces.OneOf)):
-        return all(_fixed_size(sub) for sub in (space.spaces.values() if isinstance(space, spaces.Dict)
-                                                  else space.spaces))
-    return isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Text))
+        return all(_gymnasium_classes(sub) for sub in (space.spaces.values() if isinstance(space, spaces.Dict)
+                                                         else space.spaces))
+    if isinstance(space, (spaces.Sequence, spaces.Graph)):
+        subs = [space.feature_space] if isinstance(space, spaces.Sequence) else [space.node_space, space.edge_space]
+        return all(sub is None or _gymnasium_classes(sub) for sub in subs)
+    return type(space).__module__.startswith("gymnasium.spaces")
 
 
 #: integer dtypes the buffers hold in a wider signed type (the main process casts them back)
