@@ -330,11 +330,12 @@ def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, expl
     if not isinstance(exploration_type, ExplorationType):
         raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
                          f", got {exploration_type!r}.")
+    action_check(check_actions, COLLECTOR_ACTION_CHECKS)  # (an unknown mode: a clear error, in this process)
     if max_frames_per_traj is not None and max_frames_per_traj <= 0:
         max_frames_per_traj = None  # TorchRL's -1: no limit
     return {"reset_at_each_iter": bool(reset_at_each_iter), "max_frames_per_traj": max_frames_per_traj,
             "exploration_type": exploration_type,
-            "check_actions": check_actions if action_check(check_actions, COLLECTOR_ACTION_CHECKS)[0] else False,
+            "check_actions": check_actions,
             "check_values": bool(check_values)}
 
 

@@ -49,7 +49,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     Args:
         env_fns: one constructor per env (lambdas and closures work under every start method); env ``i`` runs in
             worker ``i // envs_per_worker``.
-        shared_memory: the spaces ``AsyncVectorEnv`` takes with it, as it does. Values of Box, Discrete,
+        shared_memory: the spaces ``AsyncVectorEnv`` takes with it, and Graph and Sequence too. Values of Box, Discrete,
             MultiDiscrete, MultiBinary and Dict/Tuple of these always travel through shared buffers; Text, OneOf,
             Graph and Sequence travel pickled (one value per env per step); space classes of your own are refused
             at start-up unless ``shared_memory=False`` (then they travel pickled too). Pickled spaces are batched
