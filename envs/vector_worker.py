@@ -165,8 +165,9 @@ def engine_space(space: spaces.Space, pickled: str | None = None) -> spaces.Spac
 
 def travels_pickled(space: spaces.Space, pickled: str | None) -> bool:
     """Whether values of ``space`` travel pickled: the buffers cannot hold them, and ``pickled`` is ``"any"``, or
-    ``"gymnasium"`` and every space in it (at any depth) is one of gymnasium's own classes (Text, OneOf, Graph,
-    Sequence, ...; not a space class of the user's own, which ``AsyncVectorEnv(shared_memory=True)`` refuses)."""
+    ``"gymnasium"`` and every space in it (at any depth) is one of gymnasium's classes or a subclass of one (Text,
+    OneOf, Graph, Sequence, ...; not a space class of the user's own, which ``AsyncVectorEnv(shared_memory=True)``
+    refuses)."""
     if pickled is None:
         return False
     try:
@@ -183,7 +184,7 @@ def _gymnasium_classes(space: spaces.Space) -> bool:
     if isinstance(space, (spaces.Sequence, spaces.Graph)):
         subs = [space.feature_space] if isinstance(space, spaces.Sequence) else [space.node_space, space.edge_space]
         return all(sub is None or _gymnasium_classes(sub) for sub in subs)
-    return type(space).__module__.startswith("gymnasium.spaces")
+    return isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Text))
 
 
 #: integer dtypes the buffers hold in a wider signed type (the main process casts them back)

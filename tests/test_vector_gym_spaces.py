@@ -89,6 +89,17 @@ def test_a_space_of_the_users_own_in_shared_memory_is_gymnasiums_error(no_leaks)
     assert "shared_memory=False" in str(caught.value)  # the fix
     with pytest.raises(ValueError, match="Blob"):  # at any depth
         ParallelVectorEnv([lambda: SampleEnv(spaces.Sequence(Blob(8)))])
+    # a subclass of one of gymnasium's spaces is gymnasium's, beside a pickled space too
+    mixed = spaces.Dict({"word": spaces.Text(3), "pos": BoxOfMine(-1, 1, (2,), np.float32)})
+    env = ParallelVectorEnv([lambda: SampleEnv(mixed)] * 2)
+    try:
+        assert env.reset(seed=0)[0] in env.observation_space
+    finally:
+        env.close()
+
+
+class BoxOfMine(spaces.Box):
+    """A user's subclass of Box."""
 
 
 @pytest.mark.parametrize("mode", list(AutoresetMode))
