@@ -429,7 +429,8 @@ class WorkerPool:
             if proc.exitcode is None:
                 proc.kill()
             _reap(proc, 5.0)
-            proc.close()
+            if proc.exitcode is not None:  # (else a wait in another thread is reaping it: gc closes the object)
+                proc.close()
         self._wake = [None] * len(self._wake)
         self._done = [None] * len(self._done)
         self._any_done = None
