@@ -13,7 +13,7 @@ from .group import EnvGroup
 from .protocol import PARTIAL_STEP, RESET, ROLL, SLOT_STEP, STEP, WorkerChannel
 from .recycle import populate
 from .rollout import StepRecorder
-from .shared import StageCopy, key_tuple
+from .shared import SlotCopy, key_tuple
 
 
 class SlotCopies:
@@ -22,11 +22,11 @@ class SlotCopies:
 
     def __init__(self, group, buffers):
         self.group, self.buffers = group, buffers  # buffers: the worker's rows
-        self.copies: dict[int, StageCopy] = {}  # per command code
+        self.copies: dict[int, SlotCopy] = {}  # per command code
 
     def bind_slots(self, slots, rows: slice) -> None:
         """Take the output ``slots`` (batch ``[OUTPUT_SLOTS, num_envs]``, some ``"next"`` leaves) for ``SLOT_STEP``."""
-        self.copies.update({code: StageCopy(self.buffers, slots[p][rows]) for p, code in enumerate(SLOT_STEP)})
+        self.copies.update({code: SlotCopy(self.buffers, slots[p][rows]) for p, code in enumerate(SLOT_STEP)})
 
     def step(self, code: int):
         objects = self.group.step()

@@ -318,13 +318,13 @@ def allocate_copies(results: TensorDictBase, count: int, what: str) -> TensorDic
     return in_shared_memory(torch.stack([results] * count).clone(), what)
 
 
-class StageCopy:
+class SlotCopy:
     """A worker's copy of its rows of the step buffers (``buffers``, its ``[k]`` slice) into the same rows of one
-    output slot (``staged``, ``[k]``, see ``allocate_copies``): numpy views made once, one ``copyto`` per leaf."""
+    output slot (``slot``, ``[k]``, see ``allocate_copies``): numpy views made once, one ``copyto`` per leaf."""
 
-    def __init__(self, buffers: TensorDictBase, staged: TensorDictBase):
-        self.pairs = [(numpy_view(staged.get(key)), numpy_view(buffers.get(key)))
-                      for key in staged.keys(True, True)]
+    def __init__(self, buffers: TensorDictBase, slot: TensorDictBase):
+        self.pairs = [(numpy_view(slot.get(key)), numpy_view(buffers.get(key)))
+                      for key in slot.keys(True, True)]
 
     def copy(self) -> None:
         for dst, src in self.pairs:
