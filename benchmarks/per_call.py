@@ -3,7 +3,9 @@
 keep what the last real step left), against the lean ``step_buffers()`` that the rollout and the collectors use.
 
 CartPole, ``workers x envs_per_worker`` envs; "no env ended" leaves every done flag False (the next root shares the
-step's tensors), "an env ended" sets one (the next root is copied from the root buffer). The best of ``--repeats``
+step's tensors), "an env ended" sets one (the next root is copied from the root buffer). The ``step_and_maybe_reset``
+rows include the loop's own ``root.set("action", ...)``, timed alone in the row after them: our own cost is their
+difference. The best of ``--repeats``
 timings of ``--calls`` calls each, per ``--rounds`` round; medians over the rounds, in microseconds per call.
 Before / after a change: run it with the package of each version first on ``PYTHONPATH`` (as
 ``benchmarks.compare_trees`` swaps it), alternating.
@@ -49,6 +51,7 @@ def measure(workers: int, per_worker: int, calls: int, repeats: int) -> dict[str
                 _, state["root"] = env.step_and_maybe_reset(state["root"])
 
             rows[f"step_and_maybe_reset, {name}"] = timed(step_and_maybe_reset)
+        rows["the caller's set(\"action\") in those rows"] = timed(lambda: state["root"].set("action", action))
         done[:] = False
         td = root.clone().set("action", action)
         rows["step (+ del_ of its \"next\")"] = timed(lambda: env.step(td).del_("next"))  # an input without "next"

@@ -11,16 +11,19 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
     4  batched, pool, group, dmlab2d, dm_players,       BatchedEnv (the TorchRL face), the pool, envs in a process,
        worker_rollout                                   rollouts the workers record
     3  adapters, dm_specs, rollout, platform_policy, vector_worker, vector_layout
-    2  protocol, shared, specs, factories, gym_io
-    1  errors, inputs, values, recycle, forwarding, one_thread, preload, meltingpot_install
+    2  protocol, shared, specs, factories, gym_io, inputs
+    1  errors, values, recycle, forwarding, preload, meltingpot_install
 
-Route of one ``ParallelEnv.step`` (7 of our files in this process, 3 in a worker; 4 when it fills an output slot):
-``batched.BatchedEnv.step`` (guarded by ``one_thread``) -> ``inputs.checked_actions`` into the action buffer ->
-``parallel.ParallelEnv._run_step`` -> ``pool.WorkerPool.run`` (wake each worker, ``protocol.Wait`` for each) ->
-in each worker ``protocol.WorkerChannel.serve`` -> ``group.EnvGroup.step`` -> the family's stepper in
-``adapters.py`` (step, auto-reset, write its rows of the shared buffers), then ``env_worker.SlotCopies`` copies its
-rows of the big "next" leaves into an output slot -> back, the small leaves copied out with ``recycle``'s leaf
-copier and the big ones handed out from the slot (``recycle.OutputSlots``). ``ParallelVectorEnv.step`` adds
+Route of one ``ParallelEnv.step`` or ``step_and_maybe_reset`` (5 of our files in this process, 3 in a worker; 6
+when it hands out an output slot): ``batched.BatchedEnv._common_step`` (the actions checked by ``inputs``'s value
+checks, copied into the action buffer) -> ``parallel.ParallelEnv._run_step`` -> ``pool.WorkerPool.run`` (wake each
+worker, ``protocol.Wait`` for each) -> in each worker ``protocol.WorkerChannel.serve`` -> ``group.EnvGroup.step``
+-> the family's stepper in ``adapters.py`` (step, auto-reset, write its rows of the shared buffers), then
+``env_worker.SlotCopies`` copies its rows of the big "next" leaves into an output slot -> back, the small leaves
+copied out with ``inputs.leaf_copier`` into ``inputs.plain_tensordict``s, the big ones handed out from the slot
+(``recycle.OutputSlots``). Inputs the common step does not take (partial steps, nested keys, locked or named
+tensordicts, actions to cast or outside their spec...) go the general way: ``inputs.checked_actions``, TorchRL's
+masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` adds
 ``vector.py`` -> ``vector_core.EngineCore`` (actions written by ``vector_layout``) in front of
 ``BatchedEnv.step_buffers``, and ``vector_worker.EngineEnv`` (autoreset mode, infos to the mailbox) between the
 stepper and the user's env. A ``ParallelEnv.rollout`` with random actions: ``rollout.random_rollout`` ->

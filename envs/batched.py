@@ -18,6 +18,7 @@ covers those envs returns the same observation without resetting them twice.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import threading
 import weakref
@@ -29,13 +30,39 @@ from torchrl.envs import EnvBase
 
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
-from .inputs import action_check, checked_actions, reset_mask, set_child, step_mask, value_checker
-from .one_thread import one_thread
+from .inputs import (
+    action_check,
+    checked_actions,
+    copier,
+    fill_not_stepped,
+    leaf_copier,
+    plain_tensordict,
+    reset_mask,
+    step_mask,
+    value_checker,
+)
 from .platform_policy import built_on_cpu
 from .recycle import Recycler
 from .rollout import batched_rollout
-from .shared import EnvSpecs, key_tuple
+from .shared import EnvObjects, EnvSpecs, key_tuple
 from .values import check_finite
+
+
+def one_thread(method):
+    """Refuse a call while another thread is inside a guarded method of the same env (reentrant within one thread):
+    a batched env steps one batch at a time, and two threads would mix their data silently."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if not self._in_use.acquire(blocking=False):
+            raise RuntimeError(f"{self.owner}.{method.__name__}() was called while another thread is stepping or "
+                               "resetting this env; a batched env steps one batch at a time. Give each thread its own "
+                               "env, or serialize the calls with a lock.")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._in_use.release()
+
+    return guarded
 
 
 class BatchedEnv(Forwarding, EnvBase):
@@ -61,10 +88,8 @@ class BatchedEnv(Forwarding, EnvBase):
         #: opt-in: refuse NaN and infinite observations and rewards after every step and reset (see values.py)
         self.check_values = False
         self._env_specs = specs  # one env's, unbatched: a restart must build envs with the same
-        root_objects, next_objects = specs.non_tensor_keys()
-        #: non-tensor entries (strings, objects): not in the buffers; each env's last values are kept here
-        self._non_tensor_keys = list(dict.fromkeys([*root_objects, *next_objects]))
-        self._objects = {"root": [None] * num_envs, "next": [None] * num_envs}
+        self._objects = EnvObjects(specs.non_tensor_keys(), num_envs)  # non-tensor entries (not in the buffers)
+        self._non_tensor_keys = self._objects.keys
         self._value_checks = {key: value_checker(spec) for key, spec in self._cpu_action_spec.items(True, True)}
         #: memory for big outputs (rollouts, step results), reused once nothing holds them (see ``recycle.py``)
         self.recycler = Recycler()
@@ -99,17 +124,20 @@ class BatchedEnv(Forwarding, EnvBase):
         self._flat_keys = (all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
                            and self._copy_next_leaves is not None)
         self._not_carried = {"next", "_step", *replaced}
+        self._common_actions = [(key, buffer, buffer.shape, self._value_checks[key])  # see _common_step
+                                for key, buffer, _ in self._action_slots] if self._flat_keys else None
         # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
-        self._root_keys = list(self._root.keys())
-        self._root_from_next = self._flat_keys and set(self._root_keys) <= set(self._next.keys())
+        self._root_from_next = self._flat_keys and set(self._root.keys()) <= set(self._next.keys())
+        self._next_only = [key for key in self._next.keys() if key not in self._root.keys()]  # (e.g. the reward)
         self._used = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
 
     def _bind_copiers(self) -> None:
         """The copies of the buffers a caller gets, on ``self._cast`` when set (see ``recycle.py``)."""
-        copier = self.recycler.copier
-        self._copy_root, self._copy_next = copier(self._root, self._cast), copier(self._next, self._cast)
-        self._copy_next_leaves = self.recycler.leaf_copier(self._next, self._cast)  # step_and_maybe_reset's flat path
+        recycler, cast = self.recycler, self._cast
+        self._copy_root, self._copy_next = copier(self._root, recycler, cast), copier(self._next, recycler, cast)
+        self._copy_next_leaves = leaf_copier(self._next, recycler, cast)  # the common step's (flat keys)
+        self._copy_root_leaves = leaf_copier(self._root, recycler, cast)
 
     def to(self, device) -> BatchedEnv:
         """``EnvBase.to``: specs and outputs on ``device`` from now on (the envs and buffers stay on the CPU)."""
@@ -178,23 +206,21 @@ class BatchedEnv(Forwarding, EnvBase):
         without resetting it again). With ``mask``, the rows of the other envs are left as they were."""
         self._step_envs(mask)
 
-    def _step_envs(self, mask: np.ndarray | None) -> None:
-        self._mark_used()
-        self._keep_objects(self._run_step(mask))
-        self._after_step(mask)
-
-    def _mark_used(self) -> None:
-        """Note that the envs were stepped since this start (see ``update_kwargs``)."""
-        if not self._used:  # (a module attribute: setting it every step would cost more than the test)
+    def _step_envs(self, mask: np.ndarray | None, keep_resets: bool = True) -> None:
+        if not self._used:  # (see update_kwargs; a module attribute: setting it every step costs more than the test)
             self._used = True
+        objects = self._run_step(mask)
+        if objects:  # (envs with non-tensor entries)
+            self._objects.keep(objects)
+        self._after_step(mask, keep_resets)
 
-    def _after_step(self, mask: np.ndarray | None) -> None:
+    def _after_step(self, mask: np.ndarray | None, keep_resets: bool = True) -> None:
         if self.check_values:
-            self._check_finite("step()")
+            check_finite(self._next, self.owner, "step()")  # (see values.py)
         if self._done_leaves is not None:
             np.logical_or.reduce([leaf.any(1) for leaf in self._done_leaves], out=self._next_done)
         if mask is None:
-            self.keep_pending_resets()
+            self._pending_reset[:] = self._next_done if keep_resets else False
         else:
             stepped = np.repeat(mask, self._elements // self.num_envs)
             self._pending_reset[stepped] = self._next_done[stepped]
@@ -216,52 +242,25 @@ class BatchedEnv(Forwarding, EnvBase):
         self._used = True
         mask = None if tensordict is None else reset_mask(tensordict, self.reset_keys, self._elements)
         if mask is None:
-            self._keep_objects(self._run_reset(None))
+            self._objects.keep(self._run_reset(None))
             self._pending_reset[:] = False
         else:
             to_reset = mask & ~self._pending_reset
             if to_reset.any():
-                self._keep_objects(self._run_reset(to_reset))
+                self._objects.keep(self._run_reset(to_reset))
             self._pending_reset[mask] = False
         if self.check_values:
-            self._check_finite("reset()")
-        return self._with_objects(self._copy_root(), "root")
-
-    def _check_finite(self, call: str) -> None:
-        """``check_values``: a ``ValueError`` naming the env and key of a NaN or infinite value in the buffers."""
-        check_finite(self._next if call == "step()" else self._root, self.owner, call)  # float leaves only
-
-    def _keep_objects(self, objects: list | None) -> None:
-        """Keep the non-tensor entries an env step or reset returned (see :meth:`_run_step`)."""
-        for i, entries in objects or ():
-            self._objects["root"][i] = entries["root"]
-            if entries["next"] is not None:
-                self._objects["next"][i] = entries["next"]
-
-    def _with_objects(self, out: TensorDictBase, which: str) -> TensorDictBase:
-        """``out`` with the envs' last non-tensor entries (``which``: ``"root"`` or ``"next"``), stacked over
-        the envs (one value per env)."""
-        if self._non_tensor_keys:
-            kept = self._objects[which]
-            if all(entry is not None for entry in kept):
-                stacked = torch.stack(kept)
-                for key in self._non_tensor_keys:
-                    value = stacked.get(key, None)
-                    if value is not None:
-                        out.set(key, value)
-        return out
+            check_finite(self._root, self.owner, "reset()")
+        return self._objects.added_to(self._copy_root(), "root")
 
     @one_thread
     def step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """``EnvBase.step``. Its common case (flat keys, the env's batch size, no ``"_step"`` or ``"next"`` entry
-        in the input, no ``run_type_checks``) goes without ``EnvBase``'s generic processing, which would leave the
-        step as it is: the buffers already hold every done key, in the spec's shapes."""
-        keys = tensordict.keys()
-        if (not self._flat_keys or self.run_type_checks or tensordict.batch_size != self._next_batch
-                or "_step" in keys or "next" in keys):
-            return super().step(tensordict)
-        self._step_in_place(tensordict, None)
-        return set_child(tensordict, "next", self._copy_next())
+        """``EnvBase.step``; its common case (see :meth:`_common_step`; no ``"next"`` entry in the input, no
+        ``run_type_checks``) without ``EnvBase``'s processing: the buffers hold every done key, in the spec's shapes."""
+        if "next" not in tensordict.keys() and not self.run_type_checks and self._common_step(tensordict, True):
+            tensordict._tensordict["next"] = plain_tensordict(self._copy_next_leaves(), self._next_batch)
+            return tensordict
+        return super().step(tensordict)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
@@ -269,18 +268,12 @@ class BatchedEnv(Forwarding, EnvBase):
         return self._next_output(tensordict, mask)
 
     def _next_output(self, tensordict: TensorDictBase, mask: np.ndarray | None) -> TensorDictBase:
-        """The caller's copy of the next buffer. After a partial step, the envs not stepped get what
-        TorchRL gives them: the input's values for the keys it holds (observation, done flags), zeros for
-        the others (reward)."""
+        """The caller's copy of the next buffer (after a partial step, see :func:`.inputs.fill_not_stepped`)."""
         out = self._copy_next()
         if mask is not None:
-            idle = torch.from_numpy(~mask).to(out.device)
-            for key in out.keys(True, True):
-                value = tensordict.get(key, None)
-                out.get(key)[idle] = 0 if value is None else value[idle].to(out.get(key).dtype)
-            for i in np.flatnonzero(~mask).tolist():  # what an env not stepped holds stands for its "next"
-                self._objects["next"][i] = self._objects["root"][i]
-        return self._with_objects(out, "next")
+            fill_not_stepped(out, tensordict, mask)
+            self._objects.not_stepped(np.flatnonzero(~mask).tolist())
+        return self._objects.added_to(out, "next")
 
     @one_thread
     def step_and_maybe_reset(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, TensorDictBase]:
@@ -290,37 +283,55 @@ class BatchedEnv(Forwarding, EnvBase):
         done flags: the terminal observation where an env ended) and the root for the next action (the
         reset observation where an env ended, with the input's other keys carried over).
         """
+        if self._common_step(tensordict, keep_resets=False):  # built without TensorDict's generic paths
+            leaves, batch = self._copy_next_leaves(), self._next_batch
+            tensordict._tensordict["next"] = plain_tensordict(leaves, batch)
+            if self._root_from_next and not np.count_nonzero(self._next_done):
+                root = dict(leaves)  # the step's tensors, shared
+                for key in self._next_only:
+                    del root[key]
+            else:
+                root = self._copy_root_leaves()
+            skip = self._not_carried
+            for key, value in tensordict._tensordict.items():  # the input's other entries (e.g. a policy's outputs)
+                if key not in skip:
+                    root[key] = value
+            return tensordict, plain_tensordict(root, batch)
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
         self._step_in_place(tensordict, mask)
         self._pending_reset[:] = False
-        if self._flat_keys and mask is None:  # the common case, built without TensorDict's generic paths
-            leaves = self._copy_next_leaves()
-            set_child(tensordict, "next", TensorDict._new_unsafe(leaves, batch_size=self._next_batch,
-                                                                 device=self._cast))
-            if self._root_from_next and not np.count_nonzero(self._next_done):
-                next_root = TensorDict._new_unsafe({key: leaves[key] for key in self._root_keys},
-                                                   batch_size=self._next_batch, device=self._cast)
-            else:
-                next_root = self._copy_root()
-            return tensordict, self._carried(tensordict, next_root)
         out = self._next_output(tensordict, mask)
         tensordict.set("next", out)
-        if self._flat_keys:  # the fresh root, plus the input's other entries (e.g. a policy's outputs), shared
-            return tensordict, self._carried(tensordict, self._copy_root())
         next_root = tensordict.exclude("next", "_step", *self.action_keys, *self.reward_keys)
         if any(isinstance(value, TensorDictBase) for value in next_root.values()):
             # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
             # nested entries leaves the step just returned intact (leaves stay shared)
             next_root = next_root.clone(recurse=False)
-        next_root.update(self._with_objects(self._copy_root(), "root"))
+        if self._root_from_next and mask is None and not np.count_nonzero(self._next_done):
+            next_root.update(out.select(*self._root.keys()))  # the step's tensors, shared (as in the common path)
+        else:
+            next_root.update(self._objects.added_to(self._copy_root(), "root"))
         return tensordict, next_root
 
-    def _carried(self, tensordict: TensorDictBase, next_root: TensorDictBase) -> TensorDictBase:
-        """``next_root`` (flat keys) with the input's other entries (e.g. a policy's outputs), shared."""
-        for key in tensordict.keys():
-            if key not in self._not_carried:
-                next_root.set(key, tensordict.get(key))
-        return next_root
+    def _common_step(self, tensordict: TensorDictBase, keep_resets: bool) -> bool:
+        """The common step in few Python operations (flat keys, CPU outputs, a plain TensorDict of the batch size
+        holding CPU actions of the buffers' shapes and dtypes, inside their spec): actions in, every env stepped
+        (``keep_resets``: see :meth:`keep_pending_resets`). False, nothing done, for anything else."""
+        actions = self._common_actions
+        if (actions is None or type(tensordict) is not TensorDict or self.is_closed or self._cast is not None
+                or tensordict.batch_size != self._next_batch or tensordict.device is not None
+                or tensordict.is_locked or tensordict._td_dim_names is not None or "_step" in tensordict._tensordict):
+            return False
+        entries, checked = tensordict._tensordict, action_check(self.check_actions)[0] is not None
+        values = [entries.get(key) for key, _, _, _ in actions]
+        for value, (_, buffer, shape, check) in zip(values, actions):
+            if (type(value) is not torch.Tensor or value.shape != shape or value.dtype != buffer.dtype
+                    or not value.is_cpu or value.requires_grad or (checked and not check(value))):
+                return False
+        for value, (_, buffer, _, _) in zip(values, actions):
+            buffer.copy_(value)
+        self._step_envs(None, keep_resets)
+        return True
 
     @one_thread
     def step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None = None) -> None:
@@ -382,16 +393,8 @@ class BatchedEnv(Forwarding, EnvBase):
                 tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         """Like ``EnvBase.rollout``: a TensorDict of batch ``[num_envs, steps]`` (time last, its dim named
         ``"time"``). With ``auto_reset=False`` the rollout starts from ``tensordict``, which receives the first step
-        (its action and ``"next"``), as with ``EnvBase.rollout``.
-
-        Without a callback, the rarer options (``set_truncated``, ``actions``) and non-tensor entries it takes a
-        lean path: random actions are drawn from ``action_spec`` all at once and every step is copied into
-        preallocated storage; with a policy, one policy call and one ``step_and_maybe_reset`` per step.
-
-        The storage is new memory the caller owns, or memory of an earlier rollout that nothing holds any more
-        (``recycle.py``): a rollout the caller still holds is never written again. ``out`` (a TensorDict of batch
-        ``[num_envs, max_steps]`` with this rollout's keys, e.g. an earlier rollout's output) opts in to writing
-        into the caller's own storage; it is returned (cut to the steps taken when an episode ended)."""
+        (its action and ``"next"``), as with ``EnvBase.rollout``. Its paths, its storage and ``out``: see
+        :func:`.rollout.batched_rollout`."""
         return batched_rollout(self, max_steps, policy, callback, auto_reset, break_when_any_done,
                                break_when_all_done, tensordict, kwargs)
 
@@ -404,8 +407,9 @@ class BatchedEnv(Forwarding, EnvBase):
         self._shutdown()
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
         self._step_buffers = self._root = self._next = self._next_done = None
-        self._copy_root = self._copy_next = self._copy_next_leaves = self._done_leaves = None  # buffer views too
-        self._action_slots = []
+        self._copy_root = self._copy_next = self._copy_next_leaves = self._copy_root_leaves = None  # buffer views too
+        self._done_leaves = None
+        self._action_slots, self._common_actions = [], None
         if "recycler" in self.__dict__:
             self.recycler.clear()
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now

@@ -1,17 +1,24 @@
-"""What the caller's tensordict brings into a batched env, on its way to the buffers, and how its ``"next"`` goes
-back in (``set_child``): the actions (their shape, dtype and values checked against the action spec when
-``check_actions``, then cast to the spec's dtype; for every batched env: ``BatchedEnv.write_actions``,
-``AsyncParallelEnv.send``, the collectors' loop) and TorchRL's masks (the ``"_step"`` entry, partial steps, one flag
-per env; the ``"_reset"`` entries, one flag per element or per agent group) as numpy masks for a batched env's hooks.
+"""What the caller's tensordict brings into a batched env, on its way to the buffers, and what it gets back.
+
+In: the actions (their shape, dtype and values checked against the action spec when ``check_actions``, then cast
+to the spec's dtype; for every batched env: ``BatchedEnv.write_actions``, ``AsyncParallelEnv.send``, the
+collectors' loop) and TorchRL's masks (the ``"_step"`` entry, partial steps, one flag per env; the ``"_reset"``
+entries, one flag per element or per agent group) as numpy masks for a batched env's hooks.
+
+Back: copies of the buffers (``copier``, ``leaf_copier``: the caller's own tensors), in plain TensorDicts
+(``plain_tensordict``).
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
+
+from .recycle import Recycler, numpy_of
 
 #: ``check_actions`` -> (the values checked, whether one outside the spec raises). ``"spec"``: every spec's
 #: bounds; ``"finite"``: integer and one-hot ranges, floats finite (continuous bounds unchecked, as in TorchRL's
@@ -93,13 +100,69 @@ def entry(tensordict: TensorDictBase, key) -> torch.Tensor | None:
     return tensordict.get(key, None)
 
 
-def set_child(tensordict: TensorDictBase, key: str, child: TensorDictBase) -> TensorDictBase:
-    """``tensordict.set(key, child)``, without ``set``'s checks where they cannot fail: a TensorDict with
-    ``child``'s batch size and device, unlocked, without dim names (measured: 0.3 µs against 4.5 µs)."""
-    if (type(tensordict) is TensorDict and tensordict.batch_size == child.batch_size and not tensordict.is_locked
-            and tensordict.device == child.device and not tensordict._has_names()):
-        return tensordict._set_str(key, child, inplace=False, validated=True)
-    return tensordict.set(key, child)
+#: A TensorDict's whole state, as ``TensorDict._new_unsafe`` leaves it without device, names or lock
+_PLAIN_STATE = {"_device": None, "_tensordict": {}, "_batch_size": torch.Size(), "_td_dim_names": None}
+
+
+def plain_tensordict(leaves: dict, batch_size: torch.Size) -> TensorDict:
+    """``TensorDict._new_unsafe(leaves, batch_size=batch_size)`` (top-level tensors, no device, names nor lock) with
+    ``leaves`` as its entries (not copied), in 0.6 µs against 3 µs: its state set at once. A tensordict version whose
+    state differs is detected at import and gets ``_new_unsafe``."""
+    td = _new_object(TensorDict)
+    td.__dict__.update(_device=None, _tensordict=leaves, _batch_size=batch_size, _td_dim_names=None)
+    return td
+
+
+_new_object = object.__new__
+if TensorDict._new_unsafe({}, batch_size=torch.Size()).__dict__ != _PLAIN_STATE:  # another tensordict layout
+    def plain_tensordict(leaves: dict, batch_size: torch.Size) -> TensorDict:  # noqa: F811
+        return TensorDict._new_unsafe(leaves, batch_size=batch_size)
+
+
+def copier(td: TensorDictBase, recycler: Recycler, device: torch.device | None = None):
+    """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors, never
+    views of the buffers; big ones in ``recycler``'s memory). With only top-level leaves it is built directly, at
+    about half the cost of ``td.clone()``. ``device`` (not the CPU): the copies are made there, straight from ``td``
+    (not recycled)."""
+    if device is not None:
+        return functools.partial(_unlocked_on, td, device)
+    copy_leaves = leaf_copier(td, recycler)
+    if copy_leaves is None:
+        return td.clone
+    batch_size = td.batch_size
+    return lambda: plain_tensordict(copy_leaves(), batch_size)
+
+
+def leaf_copier(td: TensorDictBase, recycler: Recycler, device: torch.device | None = None):
+    """``copy_leaves() -> {key: tensor}``: copies of ``td``'s top-level leaves, as :func:`copier` makes them (on
+    ``device`` if given); None when ``td`` holds anything but top-level tensors."""
+    leaves = list(td.items())
+    if not all(isinstance(value, torch.Tensor) for _, value in leaves):
+        return None
+    if device is not None:
+        return lambda: {key: value.to(device) for key, value in leaves}
+    big = {key for key, value in leaves if value.numel() * value.element_size() >= recycler.min_bytes}
+    # the small leaves, copied through numpy: about half the cost of clone() per tensor (bfloat16: cloned below)
+    arrays = {key: array for key, value in leaves if key not in big and (array := numpy_of(value)) is not None}
+    rest = [(key, value) for key, value in leaves if key not in arrays]
+    order = [key for key, _ in leaves]
+    from_numpy = torch.from_numpy
+
+    def copy_leaves() -> dict:
+        out = {key: from_numpy(array.copy()) for key, array in arrays.items()}
+        if rest:  # big leaves into recycled memory, the others cloned; then in ``td``'s key order
+            out.update({key: recycler.empty(value.shape, value.dtype).copy_(value) if key in big else value.clone()
+                        for key, value in rest})
+            out = {key: out[key] for key in order}
+        return out
+
+    return copy_leaves
+
+
+def _unlocked_on(td: TensorDictBase, device: torch.device) -> TensorDictBase:
+    """A copy of ``td`` on ``device``, unlocked (``to`` keeps the lock of a locked ``td``, e.g. shared buffers)."""
+    out = td.to(device)
+    return out.unlock_() if out.is_locked else out
 
 
 def in_spec_shape(value: torch.Tensor, expected: tuple) -> torch.Tensor:
@@ -159,6 +222,9 @@ def value_checker(spec: TensorSpec):
         n = int(spec.space.n)
 
         def check_categorical(value: torch.Tensor) -> bool:
+            if value.ndim == 1 and value.shape[0] <= _FEW:  # (a vector's tolist() is cheaper than numpy's)
+                flat = value.tolist()
+                return not flat or (min(flat) >= 0 and max(flat) < n)
             array = value.numpy()  # (integers: never part of a graph)
             if array.size <= _FEW:  # (a numpy reduction costs more than Python's max over a short list)
                 flat = array.ravel().tolist()
@@ -205,6 +271,16 @@ def step_mask(tensordict: TensorDictBase, num_envs: int, elements: int, owner: s
                          "env, or none).")
     mask = rows[:, 0]
     return None if mask.all() else mask
+
+
+def fill_not_stepped(out: TensorDictBase, tensordict: TensorDictBase, mask: np.ndarray) -> None:
+    """After a partial step (``mask``: bool ``[num_envs]``, the envs stepped), the envs not stepped get in ``out``
+    (the step's ``"next"``) what TorchRL gives them: the input's values for the keys it holds (observation, done
+    flags), zeros for the others (reward)."""
+    idle = torch.from_numpy(~mask).to(out.device)
+    for key in out.keys(True, True):
+        value = tensordict.get(key, None)
+        out.get(key)[idle] = 0 if value is None else value[idle].to(out.get(key).dtype)
 
 
 def reset_mask(tensordict: TensorDictBase, reset_keys, elements: int) -> np.ndarray | None:

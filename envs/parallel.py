@@ -6,12 +6,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from .batched import BatchedEnv
 from .env_worker import run_env_worker
 from .errors import ArgumentError, SharedMemoryError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
+from .inputs import leaf_copier, plain_tensordict
 from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, resolve_start_method
 from .pool import WorkerPool
 from .protocol import OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STEP
@@ -240,7 +240,7 @@ class ParallelEnv(BatchedEnv):
 
         batch_size = self._next.batch_size
         self._copy_next_leaves = next_leaves
-        self._copy_next = lambda: TensorDict._new_unsafe(next_leaves(), batch_size=batch_size)
+        self._copy_next = lambda: plain_tensordict(next_leaves(), batch_size)
 
     def _free_slot(self) -> int | None:
         """A free output slot (the slots made and given to the workers first, again to workers replaced since), or
@@ -266,7 +266,7 @@ class ParallelEnv(BatchedEnv):
                                       "the output slots of step_and_maybe_reset")
         except SharedMemoryError:
             return
-        out.hold(buffers, big, list(self._next.keys()), self.recycler.leaf_copier(self._next.exclude(*big)))
+        out.hold(buffers, big, list(self._next.keys()), leaf_copier(self._next.exclude(*big), self.recycler))
 
     def _bind_in_workers(self, call: str, buffers, bound: list | None) -> list:
         """``call(buffers, its rows)`` in each worker, unless ``bound`` (the pool's ``restarts`` when they last got

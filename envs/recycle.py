@@ -22,7 +22,6 @@ copying a frame itself.
 from __future__ import annotations
 
 import ctypes
-import functools
 import mmap
 import os
 import sys
@@ -32,7 +31,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 
 #: Buffers smaller than this come straight from the allocator (measured: a 800 KB clone 253 µs, into recycled
 #: memory 69 µs; below ~128 KB the allocator reuses its own free lists).
@@ -102,44 +101,6 @@ class Recycler:
         batch[dim] = sum(td.batch_size[dim] for td in tensordicts)
         one = first[(slice(None),) * dim + (slice(0, 1),)]  # nested TensorDicts keep their own batch dims
         return torch.cat(tensordicts, dim, out=self.empty_like(one.expand(*batch)))
-
-    def copier(self, td: TensorDictBase, device: torch.device | None = None):
-        """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors,
-        never views of the buffers; big ones in recycled memory). With only top-level leaves it is built directly, at
-        about half the cost of ``td.clone()``. ``device`` (not the CPU): the copies are made there, straight from
-        ``td`` (not recycled)."""
-        if device is not None:
-            return functools.partial(_unlocked_on, td, device)
-        copy_leaves = self.leaf_copier(td)
-        if copy_leaves is None:
-            return td.clone
-        batch_size = td.batch_size
-        return lambda: TensorDict._new_unsafe(copy_leaves(), batch_size=batch_size)
-
-    def leaf_copier(self, td: TensorDictBase, device: torch.device | None = None):
-        """``copy_leaves() -> {key: tensor}``: copies of ``td``'s top-level leaves, as :meth:`copier` makes them
-        (on ``device`` if given); None when ``td`` holds anything but top-level tensors."""
-        leaves = list(td.items())
-        if not all(isinstance(value, torch.Tensor) for _, value in leaves):
-            return None
-        if device is not None:
-            return lambda: {key: value.to(device) for key, value in leaves}
-        big = {key for key, value in leaves if value.numel() * value.element_size() >= self.min_bytes}
-        # the small leaves, copied through numpy: about half the cost of clone() per tensor (bfloat16: cloned below)
-        arrays = {key: array for key, value in leaves if key not in big and (array := numpy_of(value)) is not None}
-        rest = [(key, value) for key, value in leaves if key not in arrays]
-        order = [key for key, _ in leaves]
-        from_numpy = torch.from_numpy
-
-        def copy_leaves() -> dict:
-            out = {key: from_numpy(array.copy()) for key, array in arrays.items()}
-            if rest:  # big leaves into recycled memory, the others cloned; then in ``td``'s key order
-                out.update({key: self.empty(value.shape, value.dtype).copy_(value) if key in big else value.clone()
-                            for key, value in rest})
-                out = {key: out[key] for key in order}
-            return out
-
-        return copy_leaves
 
     def clear(self) -> None:
         """Let go of every kept buffer."""
@@ -295,9 +256,3 @@ def holds_lazy_stacks(td: TensorDictBase) -> bool:
     """Whether ``td`` is or holds a lazily stacked TensorDict (heterogeneous entries: no one-piece storage)."""
     return isinstance(td, LazyStackedTensorDict) or any(isinstance(value, LazyStackedTensorDict)
                                                         for value in td.values(True))
-
-
-def _unlocked_on(td: TensorDictBase, device: torch.device) -> TensorDictBase:
-    """A copy of ``td`` on ``device``, unlocked (``to`` keeps the lock of a locked ``td``, e.g. shared buffers)."""
-    out = td.to(device)
-    return out.unlock_() if out.is_locked else out

@@ -184,7 +184,14 @@ def batched_rollout(env, max_steps: int, policy, callback, auto_reset: bool, bre
                     break_when_all_done: bool | None, tensordict: TensorDictBase | None,
                     kwargs: dict) -> TensorDictBase:
     """``env.rollout(...)`` (see ``BatchedEnv.rollout``): the lean paths, or ``EnvBase.rollout`` for a callback,
-    the rarer options, non-tensor entries and outputs on another device than the CPU."""
+    the rarer options (``set_truncated``, ``actions``), non-tensor entries and outputs on another device than the CPU.
+
+    On a lean path, random actions are drawn from ``action_spec`` all at once and every step is copied into
+    preallocated storage; with a policy, one policy call and one ``step_and_maybe_reset`` per step. The storage is
+    new memory the caller owns, or memory of an earlier rollout that nothing holds any more (``recycle.py``): a
+    rollout the caller still holds is never written again. ``out`` (a TensorDict of batch ``[num_envs, max_steps]``
+    with this rollout's keys, e.g. an earlier rollout's output) opts in to writing into the caller's own storage; it
+    is returned (cut to the steps taken when an episode ended)."""
     rare = {k: v for k, v in kwargs.items() if v is not None and v is not False}
     rare.pop("return_contiguous", None)
     rare.pop("trust_policy", None)

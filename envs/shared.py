@@ -76,6 +76,39 @@ class EnvSpecs:
         )
 
 
+class EnvObjects:
+    """The envs' non-tensor entries (strings, objects: ``keys``), which no buffer holds: each env's last ``"root"``
+    and ``"next"`` TensorDict of them, as its steps and resets returned them, added to a caller's outputs."""
+
+    def __init__(self, keys: tuple[list, list], num_envs: int):
+        self.keys = list(dict.fromkeys([*keys[0], *keys[1]]))  # (``EnvSpecs.non_tensor_keys``: root's, next's)
+        self.last = {"root": [None] * num_envs, "next": [None] * num_envs}
+
+    def keep(self, objects: list | None) -> None:
+        """Keep what a step or reset returned: ``[(env index, {"root": td, "next": td or None})]``, or None."""
+        for i, entries in objects or ():
+            self.last["root"][i] = entries["root"]
+            if entries["next"] is not None:
+                self.last["next"][i] = entries["next"]
+
+    def not_stepped(self, envs: list[int]) -> None:
+        """Envs a partial step left out: what they hold stands for their ``"next"``."""
+        for i in envs:
+            self.last["next"][i] = self.last["root"][i]
+
+    def added_to(self, out: TensorDictBase, which: str) -> TensorDictBase:
+        """``out`` with the envs' last entries (``which``: ``"root"`` or ``"next"``), stacked over the envs (one
+        value per env), once every env has some."""
+        kept = self.last[which]
+        if self.keys and all(entry is not None for entry in kept):
+            stacked = torch.stack(kept)
+            for key in self.keys:
+                value = stacked.get(key, None)
+                if value is not None:
+                    out.set(key, value)
+        return out
+
+
 def merge_specs(*specs: Composite) -> Composite:
     """One Composite with the entries of all ``specs`` (cloned). A group key present in several (e.g.
     ``"agents"`` holding observations and rewards) is merged level by level, keeping its shape."""

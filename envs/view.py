@@ -71,7 +71,7 @@ class WorkerView(ParallelEnv):
         self.next_buffer.update_(self.parent.next_buffer[rows])
         if self._non_tensor_keys:
             for which in ("root", "next"):
-                self._objects[which] = [self.parent._objects[which][i] for i in self._rows]
+                self._objects.last[which] = [self.parent._objects.last[which][i] for i in self._rows]
 
     def _check_parent(self) -> None:
         if self.parent.is_closed:
@@ -95,7 +95,7 @@ class WorkerView(ParallelEnv):
         chosen = np.ones(self._elements, dtype=bool) if mask is None else mask
         parent_elements = (self._rows[:, None] * per_env + np.arange(per_env)).reshape(-1)
         elements[parent_elements[chosen]] = True
-        parent._keep_objects(parent._run_reset(elements))
+        parent._objects.keep(parent._run_reset(elements))
         parent._pending_reset[elements] = False
         self._copy_rows()
 

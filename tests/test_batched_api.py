@@ -412,3 +412,67 @@ def test_actions_that_require_grad_tie_no_graph_to_the_buffers(kind, no_leaks):
         buffers = [*env.root_buffer.values(True, True), *env.next_buffer.values(True, True)]
         assert not any(leaf.requires_grad for leaf in buffers)
         assert env.rollout(3).batch_size == (2, 3)
+
+
+def test_the_common_step_gives_what_the_general_path_gives(kind, no_leaks):
+    """step_and_maybe_reset's and step's common path (``_common_step``) against the general one (the same env with
+    the common path turned off): the same values, keys, dtypes and sharing, over episode ends, with a policy's
+    output carried to the next root; inputs it does not take (dim names, a lock) go the general way."""
+    def run(env, common: bool) -> list:
+        env.set_seed(5)
+        taken = []
+        if not common:
+            env._common_step = lambda tensordict, keep_resets: False
+        else:
+            step = env._common_step
+            env._common_step = lambda tensordict, keep_resets: taken.append(step(tensordict, keep_resets)) or taken[-1]
+        root, outs, gen = env.reset(), [], torch.Generator().manual_seed(0)
+        for t in range(40):
+            root["action"] = torch.randint(0, 2, (4,), generator=gen)
+            root["policy_out"] = torch.full((4, 2), float(t))
+            td, root = env.step_and_maybe_reset(root)
+            shared = [root[key] is td["next", key] for key in ("observation", "done", "terminated", "truncated")]
+            outs.append((td.clone(), root.clone(), shared))
+        step = env.step(root.set("action", torch.tensor([1, 0, 1, 0])))
+        del env._common_step
+        return outs + [(step, step, [])], taken
+
+    with batched(kind, 2, cartpole, envs_per_worker=2) as env:
+        (ours, taken), (general, _) = run(env, True), run(env, False)
+    assert taken and all(taken), "the common path was taken"
+    assert any(td["next", "done"].any() for td, _, _ in ours), "some episodes ended"
+    for (td, root, shared), (td_ref, root_ref, shared_ref) in zip(ours, general):
+        for got, want in ((td, td_ref), (root, root_ref)):
+            assert set(got.keys(True, True)) == set(want.keys(True, True))
+            assert all(got[key].dtype == want[key].dtype for key in want.keys(True, True))
+            assert (got == want).all()
+        assert shared == shared_ref
+
+    with batched(kind, 1, cartpole, envs_per_worker=2) as env:
+        root = env.reset()
+        root["action"] = torch.tensor([0, 1])
+        root.names = ["env"]
+        assert not env._common_step(root, True)
+        td, _ = env.step_and_maybe_reset(root)
+        assert td["next"].names == ["env"]
+        root = env.reset().set("action", torch.tensor([0, 1])).lock_()
+        assert not env._common_step(root, True)
+        with pytest.raises(RuntimeError, match="locked"):
+            env.step_and_maybe_reset(root)
+
+
+def test_plain_tensordict_is_the_tensordict_new_unsafe_builds():
+    """The common step's outputs are built by setting a TensorDict's state at once: the same state as
+    ``TensorDict._new_unsafe`` gives, and a TensorDict that works as any other (set, index, lock, names)."""
+    from tdcollect.envs.inputs import plain_tensordict
+
+    leaves = {"a": torch.arange(3.0), "b": torch.zeros(3, 2, dtype=torch.bool)}
+    td = plain_tensordict(dict(leaves), torch.Size([3]))
+    assert td.__dict__ == TensorDict._new_unsafe(dict(leaves), batch_size=torch.Size([3])).__dict__
+    assert type(td) is TensorDict and td.batch_size == (3,) and td.device is None and not td.is_locked
+    td.set("c", torch.ones(3))
+    with pytest.raises(RuntimeError):
+        td.set("d", torch.ones(4))  # the batch size is checked as usual
+    assert torch.equal(td[1:]["a"], torch.tensor([1.0, 2.0]))
+    td.names = ["env"]
+    assert td.names == ["env"] and td.lock_().is_locked

@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.inputs import copier, leaf_copier
 from tdcollect.envs.recycle import Recycler
 from tests.helpers import CountingEnv
 
@@ -54,12 +55,12 @@ def test_outputs_for_another_device_are_unlocked_copies_there():
     buffers = TensorDict({"a": torch.zeros(4, 3), "nested": {"b": torch.ones(4, 2)}}, [4]).lock_()
     flat = TensorDict({"a": torch.zeros(4, 3)}, [4]).lock_()
     recycler, meta = Recycler(), torch.device("meta")
-    for copy in (recycler.copier(buffers, meta), recycler.copier(flat, meta)):
+    for copy in (copier(buffers, recycler, meta), copier(flat, recycler, meta)):
         out = copy()
         assert not out.is_locked and out.device == meta
         assert all(leaf.device == meta for leaf in out.values(True, True))
         out.set("extra", torch.zeros(4, device=meta))  # the caller's to add to
-    leaves = recycler.leaf_copier(flat, meta)()
+    leaves = leaf_copier(flat, recycler, meta)()
     assert leaves["a"].device == meta and leaves["a"].data_ptr() != flat["a"].data_ptr()
 
 

@@ -12,6 +12,7 @@ from tensordict import TensorDict
 
 from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.inputs import leaf_copier
 from tdcollect.envs.protocol import OUTPUT_SLOTS
 from tdcollect.envs.recycle import OutputSlots, Recycler
 
@@ -355,7 +356,7 @@ def test_leaf_copies_are_new_tensors_with_the_values_shapes_dtypes_and_order(dty
                          "big": torch.arange(4 * 70_000).reshape(4, -1).to(torch.float32)}, [4])
     recycler = Recycler()
     expected = source.clone()
-    copies = recycler.leaf_copier(source)()
+    copies = leaf_copier(source, recycler)()
     assert list(copies) == list(source.keys())
     source.apply_(lambda leaf: leaf.zero_())
     for key, leaf in copies.items():
