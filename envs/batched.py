@@ -258,7 +258,8 @@ class BatchedEnv(Forwarding, EnvBase):
         """``EnvBase.step``; its common case (see :meth:`_common_step`; no ``"next"`` entry in the input, no
         ``run_type_checks``) without ``EnvBase``'s processing: the buffers hold every done key, in the spec's shapes."""
         if "next" not in tensordict.keys() and not self.run_type_checks and self._common_step(tensordict, True):
-            tensordict._tensordict["next"] = plain_tensordict(self._copy_next_leaves(), self._next_batch)
+            next_ = plain_tensordict(self._copy_next_leaves(), self._next_batch, tensordict.device)
+            tensordict._tensordict["next"] = next_
             return tensordict
         return super().step(tensordict)
 
@@ -284,8 +285,8 @@ class BatchedEnv(Forwarding, EnvBase):
         reset observation where an env ended, with the input's other keys carried over).
         """
         if self._common_step(tensordict, keep_resets=False):  # built without TensorDict's generic paths
-            leaves, batch = self._copy_next_leaves(), self._next_batch
-            tensordict._tensordict["next"] = plain_tensordict(leaves, batch)
+            leaves, batch, device = self._copy_next_leaves(), self._next_batch, tensordict.device  # (None or the CPU)
+            tensordict._tensordict["next"] = plain_tensordict(leaves, batch, device)
             if self._root_from_next and not np.count_nonzero(self._next_done):
                 root = dict(leaves)  # the step's tensors, shared
                 for key in self._next_only:
@@ -296,7 +297,7 @@ class BatchedEnv(Forwarding, EnvBase):
             for key, value in tensordict._tensordict.items():  # the input's other entries (e.g. a policy's outputs)
                 if key not in skip:
                     root[key] = value
-            return tensordict, plain_tensordict(root, batch)
+            return tensordict, plain_tensordict(root, batch, device)
         mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
         self._step_in_place(tensordict, mask)
         self._pending_reset[:] = False
@@ -319,7 +320,7 @@ class BatchedEnv(Forwarding, EnvBase):
         (``keep_resets``: see :meth:`keep_pending_resets`). False, nothing done, for anything else."""
         actions = self._common_actions
         if (actions is None or type(tensordict) is not TensorDict or self.is_closed or self._cast is not None
-                or tensordict.batch_size != self._next_batch or tensordict.device is not None
+                or tensordict.batch_size != self._next_batch or getattr(tensordict.device, "type", "cpu") != "cpu"
                 or tensordict.is_locked or tensordict._td_dim_names is not None or "_step" in tensordict._tensordict):
             return False
         entries, checked = tensordict._tensordict, action_check(self.check_actions)[0] is not None

@@ -414,10 +414,11 @@ def test_actions_that_require_grad_tie_no_graph_to_the_buffers(kind, no_leaks):
         assert env.rollout(3).batch_size == (2, 3)
 
 
-def test_the_common_step_gives_what_the_general_path_gives(kind, no_leaks):
+@pytest.mark.parametrize("device", [None, "cpu"])  # "cpu": the tensordicts TorchRL's Collector passes
+def test_the_common_step_gives_what_the_general_path_gives(kind, device, no_leaks):
     """step_and_maybe_reset's and step's common path (``_common_step``) against the general one (the same env with
-    the common path turned off): the same values, keys, dtypes and sharing, over episode ends, with a policy's
-    output carried to the next root; inputs it does not take (dim names, a lock) go the general way."""
+    the common path turned off): the same values, keys, dtypes, devices and sharing, over episode ends, with a
+    policy's output carried to the next root; inputs it does not take (dim names, a lock) go the general way."""
     def run(env, common: bool) -> list:
         env.set_seed(5)
         taken = []
@@ -427,11 +428,13 @@ def test_the_common_step_gives_what_the_general_path_gives(kind, no_leaks):
             step = env._common_step
             env._common_step = lambda tensordict, keep_resets: taken.append(step(tensordict, keep_resets)) or taken[-1]
         root, outs, gen = env.reset(), [], torch.Generator().manual_seed(0)
+        root = root if device is None else root.to(device)
         for t in range(40):
             root["action"] = torch.randint(0, 2, (4,), generator=gen)
             root["policy_out"] = torch.full((4, 2), float(t))
             td, root = env.step_and_maybe_reset(root)
             shared = [root[key] is td["next", key] for key in ("observation", "done", "terminated", "truncated")]
+            shared.extend([td.device, td["next"].device, root.device])
             outs.append((td.clone(), root.clone(), shared))
         step = env.step(root.set("action", torch.tensor([1, 0, 1, 0])))
         del env._common_step
