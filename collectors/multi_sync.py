@@ -72,7 +72,7 @@ class MultiSyncCollector(ProcessCollector):
         while workers:
             try:
                 if self.interruptor is None:
-                    parts = self._pool.run(code, workers, replies=stacked)
+                    parts = self._pool.run(code, workers)
                 else:
                     self._run_preemptible(code, workers)
                 workers = []

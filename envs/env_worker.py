@@ -116,9 +116,16 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
         slot_copies = SlotCopies(group, buffers[rows])
         recording = Recording(group, buffers[rows], channel.index)
         if channel.ready(os.getpid()):
+
+            def answer(objects: list | None) -> tuple | None:
+                """A step's or reset's answer: ``(objects, posts)`` (see ``EnvGroup``), None when both are None."""
+                posts = group.take_posts()
+                return None if objects is None and posts is None else (objects, posts)
+
             copied = {code: functools.partial(slot_copies.step, code) for code in SLOT_STEP}
-            channel.serve({STEP: group.step, PARTIAL_STEP: lambda: group.step(steps), **copied,
-                           ROLL: recording.roll, RESET: lambda: group.reset(resets)},
+            channel.serve({STEP: lambda: answer(group.step()), PARTIAL_STEP: lambda: answer(group.step(steps)),
+                           **{code: lambda step=step: answer(step()) for code, step in copied.items()},
+                           ROLL: recording.roll, RESET: lambda: answer(group.reset(resets))},
                           {"set_seed": group.set_seed, "env_attribute": group.env_attribute,
                            "bind_slots": slot_copies.bind_slots,
                            "bind_rollout": recording.bind})

@@ -50,6 +50,9 @@ class EnvGroup:
         self._block = None
         #: whether its envs have non-tensor entries: then step() and reset() return them (see objects_of)
         self.has_objects = any(getattr(stepper, "has_objects", False) for stepper in self.steppers)
+        #: the envs that post values (see take_posts): (index, their take_posts)
+        self._posting = [(i, take) for i, stepper in enumerate(self.steppers)
+                         if callable(take := getattr(getattr(stepper, "env", None), "take_posts", None))]
 
     @property
     def block(self):
@@ -102,6 +105,14 @@ class EnvGroup:
         if not self.has_objects:
             return None
         return [(i, self.steppers[i].objects) for i in touched]
+
+    def take_posts(self) -> list | None:
+        """What the envs posted since the last call: an env may define ``take_posts()``, which returns a dict of
+        values for the main process (empty when it has none; the vector facades' infos travel so).
+        ``[(index, dict)]`` of the non-empty ones; None when there are none (the common case: no env posts)."""
+        if not self._posting:
+            return None
+        return [(i, posts) for i, take in self._posting if (posts := take())] or None
 
     def step(self, mask: np.ndarray | None = None) -> list | None:
         """Step every env (``mask is None``) or those where ``mask`` (bool ``[k]``) is True, with its row of the

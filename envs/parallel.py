@@ -29,13 +29,11 @@ class BufferHandshake:
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
         self.specs: EnvSpecs | None = None
-        self.has_objects = False
         self.buffers = self.reset_tensor = self.step_tensor = None
 
     def setup(self, infos: dict[int, EnvSpecs]) -> dict:
         self.specs = agreed_specs(self.specs, infos,
                                   "All constructors of one ParallelEnv must build envs with the same specs.")
-        self.has_objects = any(self.specs.non_tensor_keys())  # workers then answer steps with data
         if self.buffers is None:  # the first start, or a start after close()
             self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
             reset = torch.zeros(self.num_envs, self.specs.batch_numel, dtype=torch.bool)
@@ -156,6 +154,7 @@ class ParallelEnv(BatchedEnv):
             warnings.warn(f"{owner}(pipeline=...) has no effect and will be removed: random-action rollouts are "
                           "recorded by the workers themselves.", FutureWarning, stacklevel=2)
         self._out = OutputSlots()  # see _run_step
+        self._posts: dict[int, dict] = {}  # see take_posts
         self.worker_rollouts = WorkerRollouts(self)  # rollouts with random actions (see worker_rollout.py)
         self._start_pool()
         try:
@@ -278,13 +277,27 @@ class ParallelEnv(BatchedEnv):
         return bound
 
     def _run_and_gather(self, code: int, workers: list[int]) -> list | None:
-        """Run ``code`` on ``workers``; with non-tensor entries, gather what they answered with, as
-        ``[(env index, entries)]``."""
-        replies = self._run(self._pool.run, code, workers, bool(self._handshake.has_objects))
-        if not replies:
+        """Run ``code`` on ``workers``: the non-tensor entries they answered with, as ``[(env index, entries)]``
+        (None without any); what their envs posted is kept for :meth:`take_posts`."""
+        return self._kept(workers, self._run(self._pool.run, code, workers))
+
+    def _kept(self, workers: list[int], answers: list | None) -> list | None:
+        if not answers:  # (the common case: no worker answered)
             return None
-        k = self.envs_per_worker
-        return [(w * k + i, entries) for w, reply in zip(workers, replies) for i, entries in reply]
+        k, objects = self.envs_per_worker, []
+        for w, answer in zip(workers, answers):
+            if answer is not None:
+                entries, posts = answer
+                objects.extend((w * k + i, value) for i, value in entries or ())
+                for i, values in posts or ():
+                    self._posts.setdefault(w * k + i, {}).update(values)
+        return objects or None
+
+    def take_posts(self) -> dict[int, dict]:
+        """``{env index: dict}``: what the envs posted (see ``EnvGroup.take_posts``) since the last call, merged per
+        env (a later value of a key replaces an earlier one); then forgotten."""
+        posts, self._posts = self._posts, {}
+        return posts
 
     def _run_reset(self, mask: np.ndarray | None) -> list | None:
         self._reset_mask[:] = True if mask is None else mask
@@ -346,7 +359,7 @@ class ParallelEnv(BatchedEnv):
             rows[:] = False
             rows[sorted(replaced)] = True
             try:
-                self._pool.run(RESET, sorted(replaced), self._handshake.has_objects)
+                self._objects.keep(self._kept(sorted(replaced), self._pool.run(RESET, sorted(replaced))))
             except WorkerError as again:
                 err = again
                 continue

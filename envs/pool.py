@@ -37,6 +37,7 @@ from .preload import import_now
 from .protocol import (
     CALL,
     CLOSE,
+    FAILED,
     MISSING_GUARD_EXIT,
     NOTIFY,
     OK,
@@ -251,14 +252,14 @@ class WorkerPool:
         return value
 
     # ----------------------------------------------------------------- commands
-    def run(self, code: int, workers=None, replies: bool = False, waits=None) -> list | None:
-        """Send ``code`` to ``workers`` (default: all) and wait until each has finished it. With ``replies``, each
-        worker answers with data on its pipe: returned in ``workers`` order. ``waits``: whose recent waits to sleep
-        by (default ``code``; a rollout's span of ``n`` steps waits as ``(code, n)``, see ``protocol.Wait``)."""
+    def run(self, code: int, workers=None, waits=None) -> list | None:
+        """Send ``code`` to ``workers`` (default: all) and wait until each has finished it. Returns what they answered
+        with (``protocol.REPLIED``), in ``workers`` order (None for a worker without an answer); None when none
+        answered. ``waits``: whose recent waits to sleep by (default ``code``; a rollout's span of ``n`` steps waits
+        as ``(code, n)``, see ``protocol.Wait``)."""
         workers = range(self.num_workers) if workers is None else workers
         self.send(code, workers, waits)
-        self.wait(workers, code, replies, waits)
-        return [self.conns[w].recv()[1] for w in workers] if replies else None
+        return self.wait(workers, code, waits)
 
     def send(self, code: int, workers, waits=None) -> None:
         """Send ``code`` to ``workers`` without waiting; :meth:`wait` for them before any other command."""
@@ -316,7 +317,7 @@ class WorkerPool:
                     pending.remove(w)
                     finished.append(w)
                     break
-        failures = {w: worker_error(w, self.conns[w].recv()[1]) for w in finished if self._status[w] != OK}
+        failures = {w: worker_error(w, self.conns[w].recv()[1]) for w in finished if self._status[w] == FAILED}
         self._status[finished] = OK
         if failures:
             self._raise_failures(failures)
@@ -340,14 +341,13 @@ class WorkerPool:
             self._command[w] = CALL
             self._wake[w].release()
             self.conns[w].send((method, args))
-        self.wait(workers, CALL)
-        return [self.conns[w].recv()[1] for w in workers]
+        return self.wait(workers, CALL)
 
-    def wait(self, workers, code: int, replies: bool = False, waits=None) -> None:
+    def wait(self, workers, code: int, waits=None) -> list | None:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
         in its ``failures`` attribute (``{worker: exception}``). A worker that died or timed out (it is
-        killed) is a failure too; the other workers are left as they are — the caller decides. ``replies``: the
-        workers answer on their pipes (always so for ``CALL``); on a failure, the others' answers are dropped."""
+        killed) is a failure too; the other workers are left as they are — the caller decides. Returns the
+        workers' answers as :meth:`run` does (on a failure, the others' answers are dropped)."""
         during = command_name(code)
         deadline = None
         failures = {}
@@ -370,15 +370,26 @@ class WorkerPool:
                 if failure is not None:
                     failures[w] = failure
                     break
-        for w in np.flatnonzero(self._status).tolist():
-            if w not in failures:
-                failures[w] = worker_error(w, self.conns[w].recv()[1])
-        self._status[:] = OK
+        status = self._status
+        if not failures and not status.any():  # (the common case: no answers)
+            return None
+        answers = {}
+        for w in np.flatnonzero(status).tolist():
+            if w in failures:
+                continue
+            try:
+                message = self.conns[w].recv()
+            except _PIPE_GONE:  # it died between its status and its answer
+                failures[w] = self._death(w, during)
+                continue
+            if status[w] == FAILED:
+                failures[w] = worker_error(w, message[1])
+            else:
+                answers[w] = message[1]
+        status[:] = OK
         if failures:
-            if replies or code == CALL:
-                for w in set(workers) - set(failures):
-                    self.conns[w].recv()
             self._raise_failures(failures)
+        return [answers.get(w) for w in workers] if answers else None
 
     def _liveness_failure(self, w: int, during: str, deadline: float):
         """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then

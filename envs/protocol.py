@@ -70,13 +70,15 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
 ``code | NOTIFY``   as ``code``, and also release ``any_done`` when finished (asynchronous stepping)
 ==================  ===========================================================================
 
-After each command the worker writes ``status[w]`` — ``OK``, or ``FAILED`` with ``("error", report)`` on
-the pipe (see :func:`error_report`) — and releases ``done[w]``; then it waits for the next one. Exceptions
-raised by a command are reported and the loop goes on. A ParallelEnv worker whose envs have non-tensor entries
-(strings, objects: no place in shared memory) answers ``STEP``, ``PARTIAL_STEP`` and ``RESET`` with
-``("data", [(env, {"root": td, "next": td}), ...])`` on the pipe (see ``EnvGroup.objects_of``). Answers are sent
-after ``done[w]`` is released, and the main process reads them once the worker is done: an answer larger than
-the pipe's buffer cannot deadlock.
+After each command the worker writes ``status[w]`` — ``OK``; ``REPLIED`` when an answer follows on the pipe
+(``("result", value)`` for ``CALL``, ``("data", value)`` for a command whose handler returned something); or
+``FAILED`` with ``("error", report)`` on the pipe (see :func:`error_report`) — and releases ``done[w]``; then it
+waits for the next one. Exceptions raised by a command are reported and the loop goes on. So a command answers
+with data only when there is some: a ParallelEnv worker answers ``STEP``, ``PARTIAL_STEP`` and ``RESET`` with
+``("data", (objects, posts))`` when its envs have non-tensor entries (strings, objects: no place in shared memory)
+or posted values (see ``EnvGroup.answer``), and the main process reads one check of the status array otherwise.
+Answers are sent after ``done[w]`` is released, and the main process reads them once the worker is done: an answer
+larger than the pipe's buffer cannot deadlock.
 
 Waiting (one strategy, :class:`Wait`, on both sides): sleep through the part of the wait that is sure to pass,
 then poll, then block. A side that waited about as long the last few times (a worker step, the main process'
@@ -110,8 +112,8 @@ SLOT_STEP = tuple(range(8, 8 + OUTPUT_SLOTS))  # into output slot 0 .. OUTPUT_SL
 ROLL = 8 + OUTPUT_SLOTS
 CALL, CLOSE = 100, 101
 NOTIFY = 0x100
-# status codes
-OK, FAILED = 0, 1
+# status codes (REPLIED: done, and one answer follows on the pipe)
+OK, FAILED, REPLIED = 0, 1, 2
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
     STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*SLOT_STEP, ROLL), "step"),
@@ -263,7 +265,7 @@ class WorkerChannel:
                 else:
                     data = handlers[code]()
                     reply = None if data is None else ("data", data)
-                status[index] = OK
+                status[index] = OK if reply is None else REPLIED
             except BaseException as exc:  # noqa: BLE001 - reported, and the loop goes on
                 status[index] = FAILED
                 self.conn.send(("error", error_report(exc, command_name(code))))

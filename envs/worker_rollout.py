@@ -144,7 +144,7 @@ class WorkerRollouts:
         workers = list(range(env.num_workers))
         while workers:
             before = list(env._pool.restarts)
-            env._run(env._pool.run, ROLL, workers, False, (ROLL, t1 - t0))  # (waits: see protocol.Wait)
+            env._run(env._pool.run, ROLL, workers, (ROLL, t1 - t0))  # (waits: see protocol.Wait)
             replaced = [w for w in workers if env._pool.restarts[w] != before[w]]
             if replaced:  # (env._run reset their envs)
                 self._bind(storage)
