@@ -20,6 +20,10 @@ Families: :class:`GymStepper` (``gymnasium.Env``), :class:`TorchRLStepper` (unba
 PettingZoo env (parallel or AEC) steps as TorchRL's ``PettingZooWrapper`` with its defaults (AEC:
 ``use_mask=True``). A TorchRL env may offer a faster stepper of its own through a ``native_stepper()`` method
 (``DMLab2dEnv`` does); it must produce the same data as going through the env's ``EnvBase`` API.
+
+A gymnasium env may define ``engine_autoreset()``, returning ``(observation, info)`` as ``reset()`` does: what the
+automatic reset after an episode's end runs instead of ``reset()`` (the vector facades' autoreset modes are written
+so, see ``vector_worker.EngineEnv``); ``reset()`` is then only called when the main process asks for a reset.
 """
 from __future__ import annotations
 
@@ -79,6 +83,12 @@ def make_stepper(env, owner: str = "ParallelEnv"):
     )
 
 
+def autoreset_of(env: gym.Env):
+    """What resets ``env`` after an episode's end: its ``engine_autoreset`` if it has one, else its ``reset``."""
+    autoreset = getattr(env, "engine_autoreset", None)
+    return autoreset if callable(autoreset) else env.reset
+
+
 class GymStepper:
     """A ``gymnasium.Env``: numpy results are written into numpy views of the buffers, one env at a time."""
 
@@ -93,6 +103,7 @@ class GymStepper:
         self._write_obs = observation_writer(env.observation_space)
         self._write_obs_unchecked = observation_writer(env.observation_space, check=False)
         self._read_action = action_reader(env.action_space)
+        self.autoreset = autoreset_of(env)
 
     def bind(self, views: BufferViews, index: int) -> None:
         self._i = index
@@ -126,7 +137,7 @@ class GymStepper:
         done = terminated or truncated
         done_flag[i, 0] = done
         if done:
-            obs, _ = self.env.reset()
+            obs, _ = self.autoreset()
             try:
                 self._write_obs(obs, self._root, i)
             except (Mismatch, BadValue) as bad:
@@ -155,6 +166,7 @@ class GymBlockStepper:
 
     def __init__(self, steppers: list[GymStepper], views: BufferViews):
         self.envs = [stepper.env for stepper in steppers]
+        self._autoresets = [stepper.autoreset for stepper in steppers]
         self._read_actions = _block_action_reader(steppers[0].env.action_space, views.action_np["action"])
         #: the observation rows of the buffers ("next", root); see write_observations_to
         self.buffer_observations = (views.next_np["observation"], views.root_np["observation"])
@@ -187,7 +199,7 @@ class GymBlockStepper:
         self._root_obs[...] = self._next_obs
         if self._done.any():
             for i in np.flatnonzero(self._done).tolist():
-                obs, _ = self.envs[i].reset()
+                obs, _ = self._autoresets[i]()
                 if shape_of(obs) != self._obs_shape:
                     raise shape_error(self._first + i, "reset()", "observation", self._obs_shape,
                                       shape_of(obs), family="gym")

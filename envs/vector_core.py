@@ -1,5 +1,5 @@
 """What the two vector facades (``vector.ParallelVectorEnv``, ``sb3_vec_env.ParallelVecEnv``) share: a
-ParallelEnv running the users' gymnasium envs behind ``vector_worker.EngineEnv``, the mailbox of infos, numpy
+ParallelEnv running the users' gymnasium envs behind ``vector_worker.EngineEnv``, the infos they post, numpy
 in and out of the buffers (``vector_layout``), calls into the workers, and the errors raised in the main
 process.
 
@@ -29,7 +29,7 @@ from .factories import check_factory
 from .parallel import ParallelEnv
 from .protocol import unpickled_exception
 from .vector_layout import Actions, Observations, PickledActions, PickledObservations
-from .vector_worker import FINAL, NEXT_OBS, RESET, ROOT_OBS, STEP, Mailbox, WorkerFactory, travels_pickled
+from .vector_worker import FINAL, NEXT_OBS, NEXT_STEP, RESET, ROOT_OBS, STEP, WorkerFactory, travels_pickled
 
 
 class SpaceMismatchError(SpecMismatchError, RuntimeError):
@@ -142,28 +142,23 @@ class EngineCore:
         fns = list(env_fns)
         for fn in fns:
             check_factory(fn, owner)
-        self.owner, self.num_envs, self.closing = owner, len(fns), False
+        self.owner, self.num_envs, self.closing, self.mode = owner, len(fns), False, mode
         workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
         self.num_workers, self.envs_per_worker = workers, k
         self.token = uuid.uuid4().hex
-        self.mailbox = Mailbox.create(self.num_envs)
-        factories = [WorkerFactory(self.token, w, w * k, fns[w * k : (w + 1) * k], mode, self.mailbox.address,
-                                   raw_final, patch, pickled) for w in range(workers)]
+        self._posted: dict[int, dict] = {}  # env index -> {kind: pickled value} taken from the engine, not yet read
+        factories = [WorkerFactory(self.token, w, w * k, fns[w * k : (w + 1) * k], mode, raw_final, patch, pickled)
+                     for w in range(workers)]
         try:
             self.engine = VectorEngine(
                 workers, factories, envs_per_worker=k, mp_start_method=check_start_method(start_method, owner),
                 timeout=timeout, check_actions=False, check_values=check_values, max_restarts=max_restarts,
                 spin_s=spin_s, owner=owner)
         except EnvWorkerError as err:
-            self.mailbox.release()
             raise worker_exception(err, err.original) from None
         except SpecMismatchError as err:
-            self.mailbox.release()
             raise SpaceMismatchError(str(err)) from None
-        except BaseException:
-            self.mailbox.release()
-            raise
-        self._finalizer = weakref.finalize(self, _shut_down, self.engine, self.mailbox)
+        self._finalizer = weakref.finalize(self, self.engine.close)
         try:
             self.spaces = self.request("spaces", range(self.num_envs))
             engine, observation_space, action_space = (
@@ -195,9 +190,15 @@ class EngineCore:
         self.request("set_action", range(self.num_envs), [(action,) for action in per_env])
 
     def step(self) -> None:
-        """Step every env with the actions written; results in the buffers and the mailbox."""
+        """Step every env with the actions written; results in the buffers and the posts."""
+        engine = self.engine
+        restarts = list(engine.restarts)
         with self._translated():
-            self.engine.step_buffers()
+            engine.step_buffers()
+        if engine.restarts != restarts and self.mode == NEXT_STEP:  # their envs report a truncation: see EngineEnv
+            k = self.envs_per_worker
+            replaced = [w for w, (now, before) in enumerate(zip(engine.restarts, restarts)) if now != before]
+            self.request("reset_on_step", [w * k + j for w in replaced for j in range(k)])
         self._take_observations()
 
     def _take_observations(self) -> None:
@@ -211,20 +212,14 @@ class EngineCore:
         prepared = [i for i in chosen if seeds[i] is not None or options[i] is not None]
         if prepared:
             self.request("prepare_reset", prepared, [(seeds[i], options[i]) for i in prepared])
-        control = self.mailbox.control
-        control[:] = 1 if mask is None else mask
-        try:
-            self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
-            with self._translated():
-                if mask is None:
-                    self.engine.reset()
-                else:
-                    reset = torch.as_tensor(np.asarray(mask, dtype=bool)).reshape(self.num_envs, 1)
-                    self.engine.reset(TensorDict({"_reset": reset}, batch_size=[self.num_envs]))
-            self._take_observations()
-        finally:
-            if self.mailbox.control is not None:
-                self.mailbox.control[:] = 0
+        self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
+        with self._translated():
+            if mask is None:
+                self.engine.reset()
+            else:
+                reset = torch.as_tensor(np.asarray(mask, dtype=bool)).reshape(self.num_envs, 1)
+                self.engine.reset(TensorDict({"_reset": reset}, batch_size=[self.num_envs]))
+        self._take_observations()
 
     def take_posts(self) -> list[dict] | None:
         """What the envs posted since the last call: ``[step infos, reset infos, final observations]``, each
@@ -232,24 +227,25 @@ class EngineCore:
         return self._take(STEP, FINAL + 1)
 
     def _take(self, first: int, stop: int) -> list[dict] | None:
-        """The posts of kinds ``first`` to ``stop - 1`` (one ``{env index: value}`` per kind), then forgotten."""
-        lengths = self.mailbox.lengths[:, first:stop]
-        if not lengths.any():
+        """The posts of kinds ``first`` to ``stop - 1`` (one ``{env index: value}`` per kind), then forgotten; None
+        when there are none. The engine's posts of other kinds are kept for a later call."""
+        posted = self._posted
+        for i, values in self.engine.take_posts().items():
+            posted.setdefault(i, {}).update(values)
+        if not posted:
             return None
         posts: list[dict] = [{} for _ in range(stop - first)]
-        overflow = []
-        for i, kind in np.argwhere(lengths).tolist():
-            size = int(lengths[i, kind])
-            if size > 0:
-                posts[kind][i] = self.mailbox.read(i, first + kind, size)
-            else:
-                overflow.append((i, kind))
-        lengths[:] = 0
-        if overflow:
-            values = self.request("overflow", [i for i, _ in overflow], [(first + kind,) for _, kind in overflow])
-            for (i, kind), value in zip(overflow, values):
-                posts[kind][i] = value
-        return posts
+        found = False
+        for i in list(posted):
+            values = posted[i]
+            for kind in range(first, stop):
+                blob = values.pop(kind, None)
+                if blob is not None:
+                    posts[kind - first][i] = _posted_value(blob, i)
+                    found = True
+            if not values:
+                del posted[i]
+        return posts if found else None
 
     def reset_posts(self) -> dict:
         """``{env index: reset info}`` posted by the last reset (other posts are dropped)."""
@@ -285,18 +281,20 @@ class EngineCore:
 
     # ----------------------------------------------------------------- closing
     def close(self) -> None:
-        """Stop the workers, free the buffers and the mailbox; idempotent."""
+        """Stop the workers and free the buffers; idempotent."""
         self.closing = True
         self.observations = self.actions = None
         self.reward = self.terminated = self.truncated = self.done = None
         self._finalizer()
 
 
-def _shut_down(engine: VectorEngine, mailbox: Mailbox) -> None:
+def _posted_value(blob: bytes, index: int):
+    """A value env ``index`` posted (``vector_worker.EngineEnv``), unpickled."""
     try:
-        engine.close()
-    finally:
-        mailbox.release()
+        return pickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
+        raise TypeError(f"env {index}: an info it returned cannot be read in the main process "
+                        f"({type(exc).__name__}: {exc}).") from exc
 
 
 def _result(ok: bool, blob: bytes | None, text: str, index: int, op: str):

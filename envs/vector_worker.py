@@ -1,16 +1,17 @@
 """The worker side of the vector facades (``vector.py``, ``sb3_vec_env.py``): what runs inside ParallelEnv's workers.
 
 Each user env is built in its worker by a :class:`WorkerFactory` and stepped by the engine behind an
-:class:`EngineEnv`, which adds what the engine itself does not carry:
+:class:`EngineEnv`, which adds what the facades need on top of the engine's steps:
 
-- **infos**: every non-empty info dict an env returns is pickled into a shared-memory :class:`Mailbox` slot of
-  its env (``STEP``: the step's info; ``RESET``: the info of a reset; ``FINAL``: the raw final observation, when
-  the facade asks for it). The main process reads only the slots whose length is not zero, so envs without
-  infos cost one ``if`` per step. An info larger than a slot stays in the worker and is fetched with a call.
-- **autoreset modes**: the engine resets an env in the step where it ended. ``SAME_STEP`` keeps that;
-  ``NEXT_STEP`` keeps the final state for one more step and resets on the following one (whose action is
-  ignored); ``DISABLED`` keeps the final state until the main process asks for a reset. The main process marks
-  its own resets in ``Mailbox.control``, so they are told apart from the engine's automatic ones.
+- **posts**: every non-empty info dict an env returns is pickled and posted for the main process (kind ``STEP``: the
+  step's info; ``RESET``: the info of a reset; ``FINAL``: the raw final observation, when the facade asks for it).
+  The engine carries the posts with the worker's answer to the step or reset (``EnvGroup.take_posts``), and a
+  worker whose envs posted nothing sends no answer: envs without infos cost one ``if`` per step.
+- **autoreset modes**: the engine resets an env in the step where it ended, through :meth:`EngineEnv.engine_autoreset`
+  (see ``adapters.py``). ``SAME_STEP`` resets it then; ``NEXT_STEP`` keeps the final state for one more step and
+  resets on the following one (whose action is ignored); ``DISABLED`` keeps the final state until the main process
+  asks for a reset. ``reset()`` runs only the resets the main process asks for (and a restarted worker's first one;
+  after a step that restarted workers, the facade sets ``NEXT_STEP``'s reset of their envs with ``reset_on_step``).
 - **observation spaces** as the engine sees them (:func:`engine_space`): bounds dropped (envs of one batch may
   differ in bounds), ``Discrete``/``MultiDiscrete`` as integer ``Box`` (values are moved as they are, no
   ``start`` shift), unsigned integers wider than a byte in a wider signed type (:data:`WIDENED`), a
@@ -24,131 +25,31 @@ Each user env is built in its worker by a :class:`WorkerFactory` and stepped by 
 - **calls**: :meth:`EngineEnv.serve_requests` runs requests (``get_attr``, ``env_method``, ...) on its env; the
   main process reaches it through ParallelEnv's ``env_attribute``. Every result comes back pickled, or as the
   exception it raised, so one bad value never breaks the exchange.
-
-Mailbox layout (one shared-memory block, ``n`` envs, ``cap`` bytes per slot)::
-
-    control  uint8  [n]          1: the next reset of env i is the main process' own
-    lengths  int32  [n, 5]       per env and kind (STEP, RESET, FINAL, NEXT_OBS, ROOT_OBS): 0 nothing, > 0
-                                 bytes in the slot, -1 too large for the slot (kept in the worker)
-    data     uint8  [n, 5, cap]  the pickled values
 """
 from __future__ import annotations
 
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
-from multiprocessing import shared_memory
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
 from .protocol import pickled_exception
-from .shared import reserve_segment
 
 SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
+#: kinds of posts (see the module docstring)
 STEP, RESET, FINAL, NEXT_OBS, ROOT_OBS = 0, 1, 2, 3, 4
-KINDS = 5
 #: what the engine holds for a space it cannot (pickled spaces, see the module docstring); its value is always 0
 PLACEHOLDER = spaces.Box(0, 1, (1,), np.uint8)
 _PLACEHOLDER_VALUE = np.zeros(1, np.uint8)
-SLOT_BYTES = 4096
-_NO_INFO: dict = {}  # what EngineEnv hands the engine as info (the engine ignores it; infos go to the mailbox)
+_NO_INFO: dict = {}  # what EngineEnv hands the engine as info (the engine ignores it; infos are posted)
 
 
 class UnsupportedSpaceError(TypeError, ValueError):
     """A space the shared buffers cannot hold (anything but Box, Discrete, MultiDiscrete, MultiBinary, Dict,
     Tuple)."""
-
-
-# ----------------------------------------------------------------- mailbox
-class Mailbox:
-    """The shared-memory block described in the module docstring. :meth:`create` in the main process (which
-    unlinks it in :meth:`release`), :meth:`attach` in a worker."""
-
-    def __init__(self, shm: shared_memory.SharedMemory, num_envs: int, capacity: int):
-        self.shm, self.num_envs, self.capacity = shm, num_envs, capacity
-        self._buf = shm.buf
-        self.control = np.ndarray((num_envs,), np.uint8, buffer=self._buf, offset=0)
-        self._lengths_at = -(-num_envs // 8) * 8
-        self.lengths = np.ndarray((num_envs, KINDS), np.int32, buffer=self._buf, offset=self._lengths_at)
-        self._data_at = self._lengths_at + num_envs * KINDS * 4
-
-    @classmethod
-    def create(cls, num_envs: int, capacity: int = SLOT_BYTES) -> Mailbox:
-        lengths_at = -(-num_envs // 8) * 8
-        size = lengths_at + num_envs * KINDS * (4 + capacity)
-        shm = shared_memory.SharedMemory(create=True, size=size)
-        try:
-            reserve_segment(shm.name, size, "the infos' mailbox")
-        except BaseException:
-            shm.close()
-            shm.unlink()
-            raise
-        box = cls(shm, num_envs, capacity)
-        box.control[:] = 0
-        box.lengths[:] = 0
-        return box
-
-    @property
-    def address(self) -> tuple:
-        """What a worker needs to :meth:`attach`: ``(name, num_envs, capacity)``."""
-        return self.shm.name, self.num_envs, self.capacity
-
-    @classmethod
-    def attach(cls, address: tuple) -> Mailbox:
-        """The mailbox at ``address``, attached once per process."""
-        box = _ATTACHED.get(address)
-        if box is None:
-            name, num_envs, capacity = address
-            box = _ATTACHED[address] = cls(shared_memory.SharedMemory(name=name), num_envs, capacity)
-        return box
-
-    def _slot(self, i: int, kind: int) -> int:
-        return self._data_at + (i * KINDS + kind) * self.capacity
-
-    def put(self, env: EngineEnv, kind: int, value) -> None:
-        """Post ``value`` in ``env``'s slot of ``kind`` (in the worker); too large: kept in ``env.overflow``."""
-        try:
-            blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - one clear error for any pickling failure
-            what = {FINAL: "final observation", NEXT_OBS: "observation", ROOT_OBS: "observation"}.get(kind, "info")
-            raise TypeError(f"env {env.index}: its {what} cannot be sent to the main process "
-                            f"({type(exc).__name__}: {exc}); return picklable values.") from exc
-        i = env.index
-        if len(blob) <= self.capacity:
-            start = self._slot(i, kind)
-            self._buf[start : start + len(blob)] = blob
-            self.lengths[i, kind] = len(blob)
-        else:
-            env.overflow[kind] = value
-            self.lengths[i, kind] = -1
-
-    def read(self, i: int, kind: int, size: int):
-        """The value posted in env ``i``'s slot of ``kind`` (``size`` bytes; in the main process)."""
-        start = self._slot(i, kind)
-        try:
-            return pickle.loads(self._buf[start : start + size])
-        except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
-            raise TypeError(f"env {i}: an info it returned cannot be read in the main process "
-                            f"({type(exc).__name__}: {exc}).") from exc
-
-    def release(self) -> None:
-        """Drop the views, close and unlink the block (main process; idempotent)."""
-        if self._buf is None:
-            return
-        self.control = self.lengths = self._buf = None
-        try:
-            self.shm.close()
-        except BufferError:  # a view is still referenced somewhere: the memory goes with it
-            pass
-        try:
-            self.shm.unlink()
-        except FileNotFoundError:
-            pass
-
-
-_ATTACHED: dict[tuple, Mailbox] = {}
 
 
 # ----------------------------------------------------------------- spaces
@@ -247,12 +148,11 @@ def engine_action_space(space: spaces.Space) -> tuple[spaces.Space, Callable | N
 # ----------------------------------------------------------------- the env the engine steps
 class EngineEnv(gym.Env):
     """The user's env (``self.env``) as the engine steps it, with the facade's autoreset ``mode``; posts infos
-    to ``mailbox`` (``raw_final``: also the final observation of a non-Box space, as the env returned it;
-    ``pickled``: spaces the buffers cannot hold travel pickled, see the module docstring)."""
+    (``raw_final``: also the final observation of a non-Box space, as the env returned it; ``pickled``: spaces the
+    buffers cannot hold travel pickled, see the module docstring)."""
 
-    def __init__(self, env: gym.Env, index: int, mode: str, mailbox: Mailbox, raw_final: bool,
-                 pickled: str | None = None):
-        self.env, self.index, self.mode, self.mailbox = env, index, mode, mailbox
+    def __init__(self, env: gym.Env, index: int, mode: str, raw_final: bool, pickled: str | None = None):
+        self.env, self.index, self.mode = env, index, mode
         # a Box observation is read back from the buffers exactly; any other is posted as the env returned it
         self.raw_final = raw_final and not isinstance(env.observation_space, spaces.Box)
         self.observation_space = engine_space(env.observation_space, pickled)
@@ -263,17 +163,32 @@ class EngineEnv(gym.Env):
             self.action_space, self._cast_action = engine_action_space(env.action_space)
         self._sent_action = None  # the next action, when actions travel pickled (``set_action``)
         self._nested = isinstance(env.observation_space, (spaces.Dict, spaces.Tuple)) and not self._posts_obs
-        self._ended = False  # the last step ended an episode: the engine's automatic reset comes next
         self._reset_on_step = False  # NEXT_STEP: the next step resets the env instead of stepping it
         self._final = None  # the final observation, given back when a reset is held back
         self._pending: tuple | None = None  # (seed, options) for the next reset the main process asks for
-        self.overflow: dict[int, object] = {}
+        self.posts: dict[int, bytes] = {}  # kind -> pickled value, until the engine takes them
+
+    def take_posts(self) -> dict[int, bytes]:
+        """``{kind: pickled value}`` posted since the last call (empty: none); the engine sends them with the
+        worker's answer (see ``EnvGroup.take_posts``)."""
+        posts = self.posts
+        if posts:
+            self.posts = {}
+        return posts
+
+    def _post(self, kind: int, value) -> None:
+        try:
+            self.posts[kind] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - one clear error for any pickling failure
+            what = {FINAL: "final observation", NEXT_OBS: "observation", ROOT_OBS: "observation"}.get(kind, "info")
+            raise TypeError(f"env {self.index}: its {what} cannot be sent to the main process "
+                            f"({type(exc).__name__}: {exc}); return picklable values.") from exc
 
     def _out(self, obs, kind: int):
-        """``obs`` as the engine takes it: under ``"obs"`` for a Dict/Tuple space; for a pickled space, posted in
-        the mailbox (``kind``: ``NEXT_OBS`` or ``ROOT_OBS``) and :data:`PLACEHOLDER`'s value for the engine."""
+        """``obs`` as the engine takes it: under ``"obs"`` for a Dict/Tuple space; for a pickled space, posted
+        (``kind``: ``NEXT_OBS`` or ``ROOT_OBS``) and :data:`PLACEHOLDER`'s value for the engine."""
         if self._posts_obs:
-            self.mailbox.put(self, kind, obs)
+            self._post(kind, obs)
             return _PLACEHOLDER_VALUE
         return {"obs": obs} if self._nested else obs
 
@@ -282,7 +197,7 @@ class EngineEnv(gym.Env):
             self._reset_on_step = False
             obs, info = self.env.reset()
             if info:
-                self.mailbox.put(self, STEP, info)
+                self._post(STEP, info)
             return self._out(obs, NEXT_OBS), 0.0, False, False, _NO_INFO
         if self.action_space is PLACEHOLDER:
             action, self._sent_action = self._sent_action, None
@@ -290,35 +205,32 @@ class EngineEnv(gym.Env):
             action = self._cast_action(action)
         obs, reward, terminated, truncated, info = self.env.step(action)
         if info:
-            self.mailbox.put(self, STEP, info)
+            self._post(STEP, info)
         if terminated or truncated:
-            self._ended = True
             self._final = obs
             if self.raw_final:
-                self.mailbox.put(self, FINAL, obs)
+                self._post(FINAL, obs)
         return self._out(obs, NEXT_OBS), reward, terminated, truncated, _NO_INFO
 
     def reset(self, *, seed=None, options=None):
-        control = self.mailbox.control
-        if control[self.index] or not self._ended:  # the main process asked (or nothing ended): reset
-            # not asked: the engine reset a restarted worker's envs; their step then reports a truncation
-            # (as its "final" observation, the reset one), so NEXT_STEP resets once more at the next step
-            self._reset_on_step = not control[self.index] and self.mode == NEXT_STEP
-            control[self.index] = 0
-            self._ended = False
-            self._final = None
-            if self._pending is not None:
-                seed, options = self._pending
-                self._pending = None
-            obs, info = self.env.reset(seed=seed, options=options)
-            if info:
-                self.mailbox.put(self, RESET, info)
-            return self._out(obs, ROOT_OBS), _NO_INFO
-        self._ended = False  # the engine's automatic reset, right after the step that ended the episode
+        """A reset the main process asked for (with the ``(seed, options)`` of ``prepare_reset``, if any), or a
+        restarted worker's first one."""
+        self._reset_on_step = False
+        self._final = None
+        if self._pending is not None:
+            seed, options = self._pending
+            self._pending = None
+        obs, info = self.env.reset(seed=seed, options=options)
+        if info:
+            self._post(RESET, info)
+        return self._out(obs, ROOT_OBS), _NO_INFO
+
+    def engine_autoreset(self):
+        """The engine's reset right after the step that ended an episode, as ``mode`` says."""
         if self.mode == SAME_STEP:
             obs, info = self.env.reset()
             if info:
-                self.mailbox.put(self, RESET, info)
+                self._post(RESET, info)
             return self._out(obs, ROOT_OBS), _NO_INFO
         self._reset_on_step = self.mode == NEXT_STEP
         return self._out(self._final, ROOT_OBS), _NO_INFO  # NEXT_STEP, DISABLED: the final state for now
@@ -351,11 +263,9 @@ class WorkerFactory:
     env first (module-level, so that it travels by reference)."""
 
     def __init__(self, token: str, worker: int, first_index: int, env_fns: Sequence[Callable], mode: str,
-                 mailbox: tuple, raw_final: bool, patch: Callable | None = None,
-                 pickled: str | None = None):
+                 raw_final: bool, patch: Callable | None = None, pickled: str | None = None):
         self.token, self.worker, self.first_index = token, worker, first_index
-        self.env_fns, self.mode, self.mailbox, self.raw_final, self.patch = (
-            list(env_fns), mode, mailbox, raw_final, patch)
+        self.env_fns, self.mode, self.raw_final, self.patch = list(env_fns), mode, raw_final, patch
         self.pickled = pickled
 
     def __call__(self) -> EngineEnv:
@@ -369,7 +279,7 @@ class WorkerFactory:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env {index}: its constructor returned {type(env).__module__}.{type(env).__name__}, "
                             "not a gymnasium.Env; the vector facades step gymnasium envs.")
-        return EngineEnv(env, index, self.mode, Mailbox.attach(self.mailbox), self.raw_final, self.pickled)
+        return EngineEnv(env, index, self.mode, self.raw_final, self.pickled)
 
 
 # ----------------------------------------------------------------- calls
@@ -425,6 +335,6 @@ OPS = {
     "render": lambda env: env.env.render(),
     "spaces": _spaces,
     "prepare_reset": _prepare_reset,  # (seed, options) for the env's next reset asked by the main process
-    "overflow": lambda env, kind: env.overflow.pop(kind),
+    "reset_on_step": lambda env: setattr(env, "_reset_on_step", env.mode == NEXT_STEP),  # after a restart
     "set_action": lambda env, action: setattr(env, "_sent_action", action),  # actions that travel pickled
 }
