@@ -23,10 +23,12 @@ worker, ``protocol.Wait`` for each) -> in each worker ``protocol.WorkerChannel.s
 copied out with ``inputs.leaf_copier`` into ``inputs.plain_tensordict``s, the big ones handed out from the slot
 (``recycle.OutputSlots``). Inputs the common step does not take (partial steps, nested keys, locked or named
 tensordicts, actions to cast or outside their spec...) go the general way: ``inputs.checked_actions``, TorchRL's
-masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` adds
-``vector.py`` -> ``vector_core.EngineCore`` (actions written by ``vector_layout``) in front of
-``BatchedEnv.step_buffers``, and ``vector_worker.EngineEnv`` (autoreset mode, infos to the mailbox) between the
-stepper and the user's env. A ``ParallelEnv.rollout`` with random actions: ``rollout.random_rollout`` ->
+masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` (7 of our files in this process) adds ``vector.py`` ->
+``vector_core.EngineCore`` (actions written by ``vector_layout``) in front of ``BatchedEnv.step_buffers``, and
+``vector_worker.EngineEnv`` between the stepper and the user's env: its autoreset mode (``engine_autoreset``, the
+steppers' in-step reset) and its infos, posted (``EnvGroup.take_posts``: they come back with the worker's answer,
+which a worker sends only when its envs posted something). A ``ParallelEnv.rollout`` with random actions:
+``rollout.random_rollout`` ->
 ``worker_rollout.WorkerRollouts`` (storage every worker maps, one ``ROLL`` per span of steps) -> in each worker
 ``env_worker.Recording`` steps its envs through the span, writing each step into the storage.
 """

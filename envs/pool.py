@@ -87,12 +87,9 @@ class WorkerPool:
     def __init__(self, target: Callable, args: list[tuple], *, handshake: Handshake, start_method: str,
                  timeout: float, owner: str, spin_s: float | None = None, daemon: bool = False,
                  shutdown_timeout: float = 2.0, preload: Iterable[str] = ()):
-        self.owner = owner
-        self.daemon = bool(daemon)
-        self.shutdown_timeout = float(shutdown_timeout)
+        self.owner, self.daemon, self.shutdown_timeout = owner, bool(daemon), float(shutdown_timeout)
         spin_s = resolve_spin_s(spin_s, len(args))
-        self.start_method = start_method
-        self.timeout = float(timeout)
+        self.start_method, self.timeout = start_method, float(timeout)
         self._poll_s = min(0.25, self.timeout)
         num_workers = len(args)
         context = tmp.get_context(start_method)
@@ -102,8 +99,7 @@ class WorkerPool:
             import_now(preload)  # forked workers inherit it (see preload.py)
         self._command_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the commands")
         self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
-        self._command = self._command_tensor.numpy()
-        self._status = self._status_tensor.numpy()
+        self._command, self._status = self._command_tensor.numpy(), self._status_tensor.numpy()
         # the wait, read by the workers after every command: ``spin_s`` may change while they run
         self._spin_tensor = in_shared_memory(torch.full((1,), spin_s, dtype=torch.float64), "the wait")
         self._spin = self._spin_tensor.numpy()
@@ -112,8 +108,7 @@ class WorkerPool:
         self._any_done = semaphore(context)
         self._last_liveness_check = 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
-        self.procs, self.conns = [None] * num_workers, [None] * num_workers
-        self.restarts = [0] * num_workers
+        self.procs, self.conns, self.restarts = [None] * num_workers, [None] * num_workers, [0] * num_workers
         self.closed = False
         _LIVE_POOLS.add(self)
         try:
@@ -370,22 +365,19 @@ class WorkerPool:
                 if failure is not None:
                     failures[w] = failure
                     break
-        status = self._status
+        status, answers = self._status, {}
         if not failures and not status.any():  # (the common case: no answers)
             return None
-        answers = {}
-        for w in np.flatnonzero(status).tolist():
-            if w in failures:
-                continue
+        for w in (w for w in np.flatnonzero(status).tolist() if w not in failures):
             try:
-                message = self.conns[w].recv()
+                kind, value = self.conns[w].recv()
             except _PIPE_GONE:  # it died between its status and its answer
                 failures[w] = self._death(w, during)
                 continue
-            if status[w] == FAILED:
-                failures[w] = worker_error(w, message[1])
+            if kind == "error":
+                failures[w] = worker_error(w, value)
             else:
-                answers[w] = message[1]
+                answers[w] = value
         status[:] = OK
         if failures:
             self._raise_failures(failures)

@@ -32,7 +32,7 @@ class TallyEnv(gym.Env):
         self.count += 1
         info = {"tally": self.count} if self.count % self.info_every == 0 else {}
         if self.count == self.big_info_at:
-            info["big"] = np.arange(5000)  # larger than a mailbox slot
+            info["big"] = np.arange(5000)  # a large info (40 kB)
         return self.count, float(action), self.count >= self.limit, False, info
 
     def scaled(self, k, offset=0):
@@ -120,7 +120,7 @@ class GatedResetEnv(SleepyEnv):
 
 
 class Blob(spaces.Space):
-    """A space of the user's own: ``size`` random bytes (larger than a mailbox slot when ``size`` > 4096)."""
+    """A space of the user's own: ``size`` random bytes (large when ``size`` is)."""
 
     def __init__(self, size: int, seed=None):
         super().__init__(None, None, seed)

@@ -12,6 +12,7 @@ from torchrl.envs.utils import check_env_specs
 
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.group import EnvGroup, seed_chain
+from tdcollect.envs.protocol import STEP
 from tdcollect.envs.shared import allocate_buffers
 from tests.faces import batched
 from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
@@ -479,3 +480,50 @@ def test_plain_tensordict_is_the_tensordict_new_unsafe_builds():
     assert torch.equal(td[1:]["a"], torch.tensor([1.0, 2.0]))
     td.names = ["env"]
     assert td.names == ["env"] and td.lock_().is_locked
+
+
+class PostingCartPole(gym.Wrapper):
+    """CartPole that posts ``{"steps": n}`` on every ``every``-th step and ``{"reset": seed}`` on each reset."""
+
+    def __init__(self, every: int):
+        super().__init__(gym.make("CartPole-v1"))
+        self.every, self.steps, self.posts = every, 0, {}
+
+    def take_posts(self) -> dict:
+        posts, self.posts = self.posts, {}
+        return posts
+
+    def reset(self, *, seed=None, options=None):
+        self.posts["reset"] = seed
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self.posts["steps"] = self.steps
+        return self.env.step(action)
+
+
+def test_posts_reach_the_main_process_with_the_answers_that_carry_them(no_leaks):
+    # env i posts on every (i + 1)-th step: a step where no env of a worker posts gets no answer from it
+    fns = [functools.partial(PostingCartPole, i + 1) for i in range(4)]
+    with ParallelEnv(2, fns[:2]) as env, ParallelEnv(2, fns[2:]) as quiet:
+        env.set_seed(7)
+        env.reset()
+        posts = env.take_posts()
+        assert posts[0] == {"reset": 7} and isinstance(posts[1]["reset"], int) and set(posts) == {0, 1}
+        env.reset()  # seeds are used once: later resets continue the envs' RNGs
+        assert env.take_posts() == {0: {"reset": None}, 1: {"reset": None}}
+        for step in range(1, 7):
+            env.rand_step()
+            expected = {i: {"steps": step} for i in range(2) if step % (i + 1) == 0}
+            assert env.take_posts() == expected  # merged per env, then forgotten
+        env.rand_step()
+        env.rand_step()  # not taken in between: merged, the later value of a key replacing the earlier one
+        assert env.take_posts() == {0: {"steps": 8}, 1: {"steps": 8}}
+        quiet.reset()
+        quiet.take_posts()
+        quiet.rand_step()  # env 0 of quiet posts on every 3rd step, env 1 on every 4th
+        assert quiet._pool.run(STEP) is None and quiet.take_posts() == {}  # step 2: nothing posted, no answer
+        answers = quiet._pool.run(STEP)  # step 3: worker 0 answers, worker 1 does not
+        assert answers == [(None, [(0, {"steps": 3})]), None]

@@ -110,7 +110,7 @@ class BoxOfMine(spaces.Box):
     (spaces.Graph(spaces.Box(0, 1, (2,)), spaces.Discrete(3)), spaces.Sequence(spaces.Discrete(4)), False),
     # which AsyncVectorEnv(shared_memory=True) refuses ("dynamic shape"): ours sends them pickled
     (spaces.Graph(spaces.Box(0, 1, (2,)), None), spaces.Sequence(spaces.Box(-1, 1, (2,))), True),
-    (Blob(6000), Blob(5000), False),  # larger than a mailbox slot, both ways
+    (Blob(6000), Blob(5000), False),  # large values, both ways
 ], ids=["text", "dict-oneof", "graph-sequence", "graph-sequence-shared-memory", "own-space"])
 def test_spaces_without_buffers_travel_pickled_as_sync_vector_env_gives_them(obs_space, act_space, shared_memory,
                                                                            mode, no_leaks):
