@@ -9,8 +9,8 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
     6  parallel                                         ParallelEnv: workers, buffers, restarts
     5  serial, env_worker                               SerialEnv; a ParallelEnv worker's process body
     4  batched, pool, group, dmlab2d, dm_players,       BatchedEnv (the TorchRL face), the pool, envs in a process,
-       worker_rollout                                   rollouts the workers record
-    3  adapters, dm_specs, rollout, platform_policy, vector_worker, vector_layout
+       worker_rollout, vector_errors                    rollouts the workers record, the faces' errors
+    3  adapters, dm_specs, rollout, platform_policy, vector_worker
     2  protocol, shared, specs, factories, gym_io, inputs
     1  errors, values, recycle, forwarding, preload, meltingpot_install
 
@@ -23,8 +23,9 @@ worker, ``protocol.Wait`` for each) -> in each worker ``protocol.WorkerChannel.s
 copied out with ``inputs.leaf_copier`` into ``inputs.plain_tensordict``s, the big ones handed out from the slot
 (``recycle.OutputSlots``). Inputs the common step does not take (partial steps, nested keys, locked or named
 tensordicts, actions to cast or outside their spec...) go the general way: ``inputs.checked_actions``, TorchRL's
-masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` (7 of our files in this process) adds ``vector.py`` ->
-``vector_core.EngineCore`` (actions written by ``vector_layout``) in front of ``BatchedEnv.step_buffers``, and
+masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` and ``ParallelVecEnv.step`` (6 of our files in this process)
+add the face and ``vector_core.EngineCore`` (actions in, observations out) in front of ``BatchedEnv.step_buffers``
+(not ``inputs``), and
 ``vector_worker.EngineEnv`` between the stepper and the user's env: its autoreset mode (``engine_autoreset``, the
 steppers' in-step reset) and its infos, posted (``EnvGroup.take_posts``: they come back with the worker's answer,
 which a worker sends only when its envs posted something). A ``ParallelEnv.rollout`` with random actions:

@@ -147,3 +147,34 @@ class CallerThreads:
 
 #: the one count of this process
 CALLER_THREADS = CallerThreads()
+
+
+def split_envs(num_envs: int, num_workers: int | None, envs_per_worker: int | None, owner: str) -> tuple[int, int]:
+    """``(num_workers, envs_per_worker)`` for ``num_envs`` envs: as given (they must multiply to ``num_envs``),
+    or by default the largest number of workers that divides ``num_envs`` and fits in the usable cores."""
+    for name, value in (("num_workers", num_workers), ("envs_per_worker", envs_per_worker)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{owner}: {name} must be an int >= 1 (or None), got {value!r}.")
+    if num_workers is None and envs_per_worker is None:
+        cores = usable_cores()
+        num_workers = max(d for d in range(1, min(num_envs, cores) + 1) if num_envs % d == 0)
+    elif num_workers is None:
+        num_workers = num_envs // envs_per_worker
+    envs_per_worker = envs_per_worker or num_envs // num_workers
+    if num_workers * envs_per_worker != num_envs:
+        raise ValueError(f"{owner}: {num_envs} envs cannot be split into num_workers={num_workers} x "
+                         f"envs_per_worker={envs_per_worker}; choose values that multiply to {num_envs}.")
+    return num_workers, envs_per_worker
+
+
+def check_start_method(method: str | None, owner: str) -> str | None:
+    """``method`` if it is one of this platform's start methods (or None: the engine's default); else the
+    ``ValueError`` of ``multiprocessing.get_context``, naming the choices."""
+    if method is None:
+        return None
+    try:
+        multiprocessing.get_context(method)
+    except ValueError as err:
+        raise ValueError(f"{err}: {owner} takes one of {multiprocessing.get_all_start_methods()} "
+                         "(or None for the default, 'fork' on Linux).") from None
+    return method

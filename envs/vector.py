@@ -26,7 +26,8 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from .vector_core import EngineCore, EngineWorkers, SpaceMismatchError
+from .vector_core import EngineCore, EngineWorkers
+from .vector_errors import SpaceMismatchError
 from .vector_worker import DISABLED, FINAL, NEXT_STEP, RESET, SAME_STEP, STEP
 
 __all__ = ["ParallelVectorEnv", "SpaceMismatchError"]  # and ParallelVecEnv, imported on first use

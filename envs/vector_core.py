@@ -1,39 +1,37 @@
 """What the two vector facades (``vector.ParallelVectorEnv``, ``sb3_vec_env.ParallelVecEnv``) share: a
-ParallelEnv running the users' gymnasium envs behind ``vector_worker.EngineEnv``, the infos they post, numpy
-in and out of the buffers (``vector_layout``), calls into the workers, and the errors raised in the main
-process.
+ParallelEnv running the users' gymnasium envs behind ``vector_worker.EngineEnv`` (each built in its worker, never
+here: the spaces, metadata and render mode of each env are asked from the workers after the start-up), the infos
+they post, calls into the workers (their errors: ``vector_errors``), and numpy in and out of the step buffers:
+observations read in the structure of a gym space, actions checked and written.
 
-Every env is built in its worker (``vector_worker.WorkerFactory``), never here: the spaces, metadata and
-render mode of each env are asked from the workers after the start-up.
+Buffer keys (``vector_worker.engine_space`` decides them): a plain observation space lives under ``"observation"``;
+a ``Dict``/``Tuple`` one under ``("obs", ...)`` with the space's keys (``"0"``, ``"1"``, ... for a ``Tuple``).
+Actions live under ``"action"`` (``("action", key, ...)`` for ``Dict``/``Tuple`` spaces), with the ``start`` of
+``Discrete``/``MultiDiscrete`` spaces removed (the workers add it back). Spaces the buffers cannot hold travel
+pickled instead when the facade allows it (``shared_memory=False``): :class:`PickledObservations` keeps each env's
+last posted observation, :class:`PickledActions` sends each env's action with a call.
 """
 from __future__ import annotations
 
-import builtins
-import multiprocessing
-import os
+import copy as copying
 import pickle
-import types
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDict
+from gymnasium import spaces
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from tensordict import TensorDict, TensorDictBase
 
-from . import vector_worker
-from .errors import EnvWorkerError, SpecMismatchError, WorkerError
+from .errors import EnvWorkerError, SpecMismatchError
 from .factories import check_factory
 from .parallel import ParallelEnv
-from .protocol import unpickled_exception
-from .vector_layout import Actions, Observations, PickledActions, PickledObservations
+from .platform_policy import check_start_method, split_envs
+from .shared import key_tuple, numpy_view
+from .vector_errors import SpaceMismatchError, call_result, worker_exception
 from .vector_worker import FINAL, NEXT_OBS, NEXT_STEP, RESET, ROOT_OBS, STEP, WorkerFactory, travels_pickled
-
-
-class SpaceMismatchError(SpecMismatchError, RuntimeError):
-    """The envs of one vector env disagree on their spaces (a ``SpecMismatchError`` that is also a
-    ``RuntimeError``, the error gymnasium's vector envs raise for it)."""
 
 
 class VectorEngine(ParallelEnv):
@@ -49,37 +47,6 @@ class VectorEngine(ParallelEnv):
         if self.is_closed:
             raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
         return self.env_attribute(("serve_requests",), "call", (requests,))
-
-
-def split_envs(num_envs: int, num_workers: int | None, envs_per_worker: int | None, owner: str) -> tuple[int, int]:
-    """``(num_workers, envs_per_worker)`` for ``num_envs`` envs: as given (they must multiply to ``num_envs``),
-    or by default the largest number of workers that divides ``num_envs`` and fits in the usable cores."""
-    for name, value in (("num_workers", num_workers), ("envs_per_worker", envs_per_worker)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{owner}: {name} must be an int >= 1 (or None), got {value!r}.")
-    if num_workers is None and envs_per_worker is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        num_workers = max(d for d in range(1, min(num_envs, cores) + 1) if num_envs % d == 0)
-    elif num_workers is None:
-        num_workers = num_envs // envs_per_worker
-    envs_per_worker = envs_per_worker or num_envs // num_workers
-    if num_workers * envs_per_worker != num_envs:
-        raise ValueError(f"{owner}: {num_envs} envs cannot be split into num_workers={num_workers} x "
-                         f"envs_per_worker={envs_per_worker}; choose values that multiply to {num_envs}.")
-    return num_workers, envs_per_worker
-
-
-def check_start_method(method: str | None, owner: str) -> str | None:
-    """``method`` if it is one of this platform's start methods (or None: the engine's default); else the
-    ``ValueError`` of ``multiprocessing.get_context``, naming the choices."""
-    if method is None:
-        return None
-    try:
-        multiprocessing.get_context(method)
-    except ValueError as err:
-        raise ValueError(f"{err}: {owner} takes one of {multiprocessing.get_all_start_methods()} "
-                         "(or None for the default, 'fork' on Linux).") from None
-    return method
 
 
 class EngineWorkers:
@@ -132,7 +99,7 @@ class ClosedUnder:
 
 
 class Translated:
-    """The context of :meth:`EngineCore._translated`: an env's :class:`EnvWorkerError` raised as
+    """The context of the engine's calls (:data:`TRANSLATED`): an env's :class:`EnvWorkerError` raised as
     :func:`worker_exception` makes it."""
 
     __slots__ = ()
@@ -156,8 +123,8 @@ class EngineCore:
     pickled instead of being refused (``vector_worker.travels_pickled``).
 
     Attributes: ``num_envs``; ``spaces`` (per env: ``{"observation_space", "action_space", "metadata",
-    "render_mode"}``, asked from the workers); ``observations`` (:class:`~.vector_layout.Observations`, or
-    :class:`~.vector_layout.PickledObservations`); ``actions`` (their writer);
+    "render_mode"}``, asked from the workers); ``observations`` (:class:`Observations`, or
+    :class:`PickledObservations`); ``actions`` (their writer);
     ``reward``, ``terminated``, ``truncated`` (numpy views ``[num_envs]`` of the last step's results);
     ``done`` (bool ``[num_envs]``).
     """
@@ -222,7 +189,7 @@ class EngineCore:
         """Step every env with the actions written; results in the buffers and the posts."""
         engine = self.engine
         restarts = list(engine.restarts)
-        with self._translated():
+        with TRANSLATED:
             engine.step_buffers()
         if engine.restarts != restarts and self.mode == NEXT_STEP:  # their envs report a truncation: see EngineEnv
             k = self.envs_per_worker
@@ -242,7 +209,7 @@ class EngineCore:
         if prepared:
             self.request("prepare_reset", prepared, [(seeds[i], options[i]) for i in prepared])
         self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
-        with self._translated():
+        with TRANSLATED:
             if mask is None:
                 self.engine.reset()
             else:
@@ -294,15 +261,11 @@ class EngineCore:
         for env_replies in self._serve(requests):
             for position, *reply in env_replies:
                 replies[position] = reply
-        return [_result(*reply, i, op) for reply, i in zip(replies, indices)]
+        return [call_result(*reply, i, op) for reply, i in zip(replies, indices)]
 
     def _serve(self, requests: dict) -> list:
-        with self._translated():
+        with TRANSLATED:
             return self.engine.serve(requests)
-
-    def _translated(self) -> Translated:
-        """Raise an env's exception as :func:`worker_exception` makes it."""
-        return TRANSLATED
 
     # ----------------------------------------------------------------- closing
     def close(self) -> None:
@@ -322,67 +285,164 @@ def _posted_value(blob: bytes, index: int):
                         f"({type(exc).__name__}: {exc}).") from exc
 
 
-def _result(ok: bool, blob: bytes | None, text: str, index: int, op: str):
-    """A reply of ``serve``: the value, or raise the env's exception."""
-    if ok:
-        try:
-            return pickle.loads(blob)
-        except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
-            raise TypeError(f"env {index}: the result of {op!r} cannot be read in the main process "
-                            f"({type(exc).__name__}: {exc}).") from None
-    error = unpickled_exception(blob)
-    if error is None:
-        error = RuntimeError(text.splitlines()[0] if text else f"env {index} failed in {op!r}")
-    if hasattr(error, "add_note"):
-        error.add_note(f"(raised by env {index} in its worker process, during {op!r})\n{text.rstrip()}")
-    raise error
+# ----------------------------------------------------------------- numpy in and out of the buffers
+class Observations:
+    """Batches ``[num_envs, ...]`` (and single rows) of observations, in the structure of ``space`` (the envs'
+    own observation space): arrays of the space's dtypes, dicts of arrays, tuples of arrays, nested as the space
+    is."""
+
+    def __init__(self, space: spaces.Space, root: TensorDictBase, next_: TensorDictBase):
+        key = ("obs",) if isinstance(space, (spaces.Dict, spaces.Tuple)) else ("observation",)
+        self._trees = {"root": _tree(space, root, key), "next": _tree(space, next_, key)}
+
+    def batch(self, which: str, copy: bool = True):
+        """All envs' observations in buffer ``which`` (``"root"``: the state the next action is taken in;
+        ``"next"``: what the last step returned); ``copy=False``: views, overwritten by the next step."""
+        return _read(self._trees[which], slice(None), copy)
+
+    def row(self, which: str, i: int):
+        """Env ``i``'s observation in buffer ``which`` (a copy)."""
+        return _read(self._trees[which], i, True)
 
 
-# ----------------------------------------------------------------- env errors as their own type
-_COMBINED: dict[type, type | None] = {}
+class PickledObservations:
+    """The same interface as :class:`Observations` for a space the buffers cannot hold: each env's last
+    observation as its env posted it (pickled, ``vector_worker.NEXT_OBS`` / ``ROOT_OBS``), batched as gymnasium
+    batches such a space (``concatenate``: a tuple with one entry per env)."""
+
+    def __init__(self, space: spaces.Space, num_envs: int):
+        self.space, self.num_envs = space, num_envs
+        self._last = {"root": [None] * num_envs, "next": [None] * num_envs}
+
+    def update(self, posts: list[dict] | None) -> None:
+        """Take ``[{env: observation from a step}, {env: observation from a reset}]``: an env reset in a step
+        (autoreset, or a restarted worker) has the reset one as ``"root"``; without a step, as ``"next"`` too."""
+        if posts is None:
+            return
+        stepped, reset = posts
+        for i, obs in stepped.items():
+            self._last["next"][i] = self._last["root"][i] = obs
+        for i, obs in reset.items():
+            self._last["root"][i] = obs
+            if i not in stepped:
+                self._last["next"][i] = obs
+
+    def batch(self, which: str, copy: bool = True):
+        values = concatenate(self.space, self._last[which], create_empty_array(self.space, self.num_envs))
+        return copying.deepcopy(values) if copy else values
+
+    def row(self, which: str, i: int):
+        return copying.deepcopy(self._last[which][i])
 
 
-def worker_exception(err: EnvWorkerError, original: BaseException | None) -> BaseException:
-    """``err`` as an exception that is both an :class:`EnvWorkerError` (worker index, message, the worker's
-    traceback) and an instance of the type the env raised (``original``'s, or the type of that name among the
-    builtins, gymnasium's errors and this package's), so that ``except ValueError`` catches an env's
-    ``ValueError`` as it would in a single process. When no such type can be made (its layout forbids it),
-    ``original`` itself with ``err`` as its cause; ``err`` when neither is known."""
-    cls = type(original) if isinstance(original, Exception) else _exception_type(err.exc_type)
-    if cls is None or issubclass(cls, WorkerError):
-        return err
-    combined = _combined(cls)
-    if combined is None:
-        if original is None:
-            return err
-        original.__cause__ = err
-        return original
-    try:
-        new = combined(str(err))
-    except Exception:  # noqa: BLE001 - a type whose constructor refuses the message: raise the original
-        if original is None:
-            return err
-        original.__cause__ = err
-        return original
-    new.__dict__.update(err.__dict__)
-    return new
+class PickledActions:
+    """Actions of a space the buffers cannot hold (``space``: one env's): :meth:`write` splits a batch (of the
+    batched space, e.g. a tuple with one action per env) into one action per env, as gymnasium does
+    (``iterate``), and hands them to ``send`` (``send(actions)``: one call to every env)."""
+
+    def __init__(self, space: spaces.Space, num_envs: int, send):
+        self.batched, self.num_envs, self.send = batch_space(space, num_envs), num_envs, send
+
+    def write(self, actions) -> None:
+        per_env = list(iterate(self.batched, actions))
+        if len(per_env) != self.num_envs:
+            raise ValueError(f"actions hold {len(per_env)} actions, expected one per env ({self.num_envs}).")
+        self.send(per_env)
 
 
-def _exception_type(name: str) -> type | None:
-    cls = getattr(vector_worker, name, None) or getattr(builtins, name, None) or getattr(gym.error, name, None)
-    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
+def _tree(space: spaces.Space, td: TensorDictBase, key: tuple):
+    if isinstance(space, spaces.Dict):
+        return dict, [(name, _tree(sub, td, (*key, name))) for name, sub in space.spaces.items()]
+    if isinstance(space, spaces.Tuple):
+        return tuple, [(None, _tree(sub, td, (*key, str(j)))) for j, sub in enumerate(space.spaces)]
+    view = numpy_view(td.get(key))
+    return None, (view, None if view.dtype == space.dtype else np.dtype(space.dtype))
 
 
-def _message_init(self, message: str) -> None:
-    BaseException.__init__(self, message)  # the attributes of the EnvWorkerError are copied in afterwards
+def _read(node, index, copy: bool):
+    kind, content = node
+    if kind is None:
+        view, dtype = content
+        value = view[index]
+        if dtype is not None:  # held in a wider type (vector_worker.WIDENED)
+            return np.asarray(value).astype(dtype)[()] if np.ndim(value) == 0 else value.astype(dtype)
+        return value.copy() if copy else value
+    if kind is dict:
+        return {name: _read(child, index, copy) for name, child in content}
+    return tuple(_read(child, index, copy) for _, child in content)
 
 
-def _combined(cls: type) -> type | None:
-    if cls not in _COMBINED:
-        try:
-            _COMBINED[cls] = types.new_class(f"Worker{cls.__name__}", (EnvWorkerError, cls), exec_body=lambda ns: (
-                ns.update({"__module__": __name__, "__init__": _message_init,
-                           "__doc__": f"A {cls.__name__} raised by an env in its worker."})))
-        except TypeError:  # e.g. OSError: its instance layout cannot be combined with another
-            _COMBINED[cls] = None
-    return _COMBINED[cls]
+class Actions:
+    """Writes a batch of actions (the structure of the batched action space: an array ``[num_envs, ...]``, or a
+    dict / tuple of them; for Dict / Tuple spaces also a list of one action per env) into the action buffers,
+    after checking shapes and integer dtypes. Values are not checked against the space: as in gymnasium's own
+    vector envs, that is the env's business (and the env's error names it).
+
+    Raises ``TypeError`` for a scalar where a batch is expected or a non-integer value for a discrete space,
+    ``ValueError`` for a wrong shape."""
+
+    def __init__(self, space: spaces.Space, action_buffers: list[tuple], num_envs: int):
+        buffers = {key_tuple(key): numpy_view(tensor) for key, tensor in action_buffers}
+        self.num_envs = num_envs
+        self._root = _action_tree(space, buffers, ("action",))
+
+    def write(self, actions) -> None:
+        _write(self._root, actions, "actions")
+
+
+def _action_tree(space: spaces.Space, buffers: dict, key: tuple):
+    if isinstance(space, spaces.Dict):
+        return dict, [(name, _action_tree(sub, buffers, (*key, name))) for name, sub in space.spaces.items()]
+    if isinstance(space, spaces.Tuple):
+        return tuple, [(j, _action_tree(sub, buffers, (*key, str(j)))) for j, sub in enumerate(space.spaces)]
+    discrete = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
+    start = getattr(space, "start", None) if not isinstance(space, spaces.MultiBinary) else None
+    shift = start if start is not None and np.any(start != 0) else None  # the workers add it back
+    return None, (space, buffers[key], discrete, shift)
+
+
+def _write(node, value, where: str) -> None:
+    kind, content = node
+    if kind is dict:
+        if _per_env(value, Mapping):  # one dict per env (a list of samples of the single action space)
+            value = {name: [action[name] for action in value] for name, _ in content}
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{where} must be a dict of batches (Dict action space), got {type(value).__name__}.")
+        for name, child in content:
+            if name not in value:
+                raise KeyError(f"{where} has no entry {name!r}; the action space has keys {[n for n, _ in content]}.")
+            _write(child, value[name], f"{where}[{name!r}]")
+        return
+    if kind is tuple:
+        if isinstance(value, list) and _per_env(value, (tuple, list)) and all(len(v) == len(content) for v in value):
+            value = tuple([action[j] for action in value] for j, _ in content)  # one tuple per env
+        if not isinstance(value, (tuple, list)) or len(value) != len(content):
+            raise TypeError(f"{where} must be a tuple of {len(content)} batches (Tuple action space), got "
+                            f"{type(value).__name__}.")
+        for j, child in content:
+            _write(child, value[j], f"{where}[{j}]")
+        return
+    space, buffer, discrete, shift = content
+    array = np.asarray(value)
+    if array.shape != buffer.shape:
+        n = buffer.shape[0]
+        if array.ndim == 0:
+            raise TypeError(f"{where} must hold one action per env ({n} envs, shape {buffer.shape}), got a scalar.")
+        raise ValueError(f"{where} has shape {array.shape}, expected {buffer.shape} ({n} envs x "
+                         f"{tuple(space.shape)}, {space}).")
+    if discrete and array.dtype.kind not in "iub":
+        _check_integers(space, array, where)
+    buffer[...] = array if shift is None else array - shift
+
+
+def _per_env(value, kind) -> bool:
+    """Whether ``value`` is a list/tuple of per-env actions of type ``kind`` (not a batch)."""
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, kind) for v in value)
+
+
+def _check_integers(space, array: np.ndarray, where: str) -> None:
+    """Raise ``TypeError`` unless ``array`` (not of an integer dtype) holds whole numbers."""
+    if array.dtype.kind != "f":
+        raise TypeError(f"{where} has dtype {array.dtype}; a {type(space).__name__} action space takes integers.")
+    if not np.all(np.floor(array) == array):
+        raise TypeError(f"{where} holds non-integer values for a {type(space).__name__} action space.")
