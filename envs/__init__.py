@@ -6,11 +6,11 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
 
     8  vector, sb3_vec_env                              the gymnasium / SB3 faces
     7  vector_core, async_parallel, view, tuning, demo  the faces' engine, async stepping, env[...], autotune
-    6  parallel                                         ParallelEnv: workers, buffers, restarts
-    5  serial, env_worker                               SerialEnv; a ParallelEnv worker's process body
+    6  parallel, vector_errors                          ParallelEnv: workers, buffers, restarts; the faces' errors
+    5  serial, env_worker, vector_worker                SerialEnv; a worker's process body; the faces' envs in it
     4  batched, pool, group, dmlab2d, dm_players,       BatchedEnv (the TorchRL face), the pool, envs in a process,
-       worker_rollout, vector_errors                    rollouts the workers record, the faces' errors
-    3  adapters, dm_specs, rollout, platform_policy, vector_worker
+       worker_rollout                                   rollouts the workers record
+    3  adapters, dm_specs, rollout, platform_policy
     2  protocol, shared, specs, factories, gym_io, inputs
     1  errors, values, recycle, forwarding, preload, meltingpot_install
 
@@ -46,6 +46,7 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from .group import env_index
 from .parallel import ParallelEnv
 from .platform_policy import default_start_method
 from .serial import SerialEnv
@@ -55,6 +56,7 @@ __all__ = [
     "ParallelEnv",
     "AsyncParallelEnv",
     "SerialEnv",
+    "env_index",
     "autotune",
     "Tuning",
     "default_start_method",

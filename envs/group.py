@@ -28,18 +28,33 @@ def seed_chain(seed: int, count: int, static_seed: bool = False) -> list[int]:
     return seeds[:count]
 
 
+_BUILDING: list[int] = []  # the index of the env a constructor is building now (see env_index)
+
+
+def env_index() -> int | None:
+    """Inside an env constructor that a ``SerialEnv`` / ``ParallelEnv`` (or a facade on them) runs: the index of the
+    env it builds in its batched env (``0 .. num_envs - 1``; env ``i`` of a ParallelEnv lives in worker
+    ``i // envs_per_worker``), e.g. to give each env its own level or seed. None anywhere else."""
+    return _BUILDING[-1] if _BUILDING else None
+
+
 class EnvGroup:
     """Builds one env per factory (here, in this process) and steps them one after the other.
 
-    ``first_index`` is the global index of the group's first env (used in error messages).
+    ``first_index`` is the global index of the group's first env (used in error messages and by :func:`env_index`).
     """
 
     def __init__(self, factories: Sequence[Callable[[], Any]], owner: str, first_index: int = 0):
         self.steppers = []
         self.first_index = first_index
         try:
-            for fn in factories:
-                self.steppers.append(make_stepper(fn(), owner))
+            for i, fn in enumerate(factories):
+                _BUILDING.append(first_index + i)
+                try:
+                    env = fn()
+                finally:
+                    _BUILDING.pop()
+                self.steppers.append(make_stepper(env, owner))
             self.specs: EnvSpecs = self.steppers[0].specs
             check_same_specs({f"env {first_index + i}": stepper.specs for i, stepper in enumerate(self.steppers)},
                              "All envs of one batched env must share their specs.")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy as copying
 import pickle
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
@@ -141,9 +140,8 @@ class EngineCore:
         self.owner, self.num_envs, self.closing, self.mode = owner, len(fns), False, mode
         workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
         self.num_workers, self.envs_per_worker = workers, k
-        self.token = uuid.uuid4().hex
         self._posted: dict[int, dict] = {}  # env index -> {kind: pickled value} taken from the engine, not yet read
-        factories = [WorkerFactory(self.token, w, w * k, fns[w * k : (w + 1) * k], mode, raw_final, patch, pickled)
+        factories = [WorkerFactory(w * k, fns[w * k : (w + 1) * k], mode, raw_final, patch, pickled)
                      for w in range(workers)]
         try:
             self.engine = VectorEngine(

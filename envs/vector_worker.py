@@ -36,6 +36,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .group import env_index
 from .protocol import pickled_exception
 
 SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
@@ -253,27 +254,20 @@ class EngineEnv(gym.Env):
         self.env.close()
 
 
-#: how many envs each (facade token, worker) built in this process: the next one's position in its list
-_BUILT: dict[tuple[str, int], int] = {}
-
-
 class WorkerFactory:
-    """The constructor ParallelEnv gets for worker ``worker``: builds the worker's envs from ``env_fns`` (one
-    per env, in order) and wraps each in an :class:`EngineEnv`. ``patch``: an optional function applied to each
-    env first (module-level, so that it travels by reference)."""
+    """The constructor ParallelEnv gets for a worker whose first env is env ``first_index``: builds each of the
+    worker's envs from its own function of ``env_fns`` (one per env, in order; which one: ``group.env_index``) and
+    wraps it in an :class:`EngineEnv`. ``patch``: an optional function applied to each env first (module-level, so
+    that it travels by reference)."""
 
-    def __init__(self, token: str, worker: int, first_index: int, env_fns: Sequence[Callable], mode: str,
-                 raw_final: bool, patch: Callable | None = None, pickled: str | None = None):
-        self.token, self.worker, self.first_index = token, worker, first_index
-        self.env_fns, self.mode, self.raw_final, self.patch = list(env_fns), mode, raw_final, patch
-        self.pickled = pickled
+    def __init__(self, first_index: int, env_fns: Sequence[Callable], mode: str, raw_final: bool,
+                 patch: Callable | None = None, pickled: str | None = None):
+        self.first_index, self.env_fns, self.mode, self.raw_final = first_index, list(env_fns), mode, raw_final
+        self.patch, self.pickled = patch, pickled
 
     def __call__(self) -> EngineEnv:
-        key = (self.token, self.worker)
-        j = _BUILT.get(key, 0)
-        _BUILT[key] = j + 1
-        index = self.first_index + j
-        env = self.env_fns[j]()
+        index = env_index()
+        env = self.env_fns[index - self.first_index]()
         if self.patch is not None:
             env = self.patch(env)
         if not isinstance(env, gym.Env):

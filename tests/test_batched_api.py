@@ -10,7 +10,7 @@ from tensordict import TensorDict
 from torchrl.envs import GymEnv
 from torchrl.envs.utils import check_env_specs
 
-from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs import ParallelEnv, SerialEnv, env_index
 from tdcollect.envs.group import EnvGroup, seed_chain
 from tdcollect.envs.protocol import STEP
 from tdcollect.envs.shared import allocate_buffers
@@ -527,3 +527,21 @@ def test_posts_reach_the_main_process_with_the_answers_that_carry_them(no_leaks)
         assert quiet._pool.run(STEP) is None and quiet.take_posts() == {}  # step 2: nothing posted, no answer
         answers = quiet._pool.run(STEP)  # step 3: worker 0 answers, worker 1 does not
         assert answers == [(None, [(0, {"steps": 3})]), None]
+
+
+class IndexedCartPole(gym.Wrapper):
+    """CartPole that keeps the index ``env_index()`` gave its constructor."""
+
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1"))
+        self.built_as = env_index()
+
+
+def test_a_constructor_knows_which_env_it_builds(kind, no_leaks):
+    assert env_index() is None
+    with batched(kind, 2, IndexedCartPole, envs_per_worker=3) as env:
+        assert list(env.built_as) == list(range(6))
+        env.close()
+        env.reset()  # built again
+        assert list(env.built_as) == list(range(6))
+    assert env_index() is None
