@@ -88,10 +88,8 @@ class WorkerPool:
                  timeout: float, owner: str, spin_s: float | None = None, daemon: bool = False,
                  shutdown_timeout: float = 2.0, preload: Iterable[str] = ()):
         self.owner, self.daemon, self.shutdown_timeout = owner, bool(daemon), float(shutdown_timeout)
-        spin_s = resolve_spin_s(spin_s, len(args))
-        self.start_method, self.timeout = start_method, float(timeout)
-        self._poll_s = min(0.25, self.timeout)
-        num_workers = len(args)
+        self.start_method, self.timeout, num_workers = start_method, float(timeout), len(args)
+        spin_s, self._poll_s = resolve_spin_s(spin_s, num_workers), min(0.25, self.timeout)
         context = tmp.get_context(start_method)
         if start_method == "forkserver":
             context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.protocol", *sorted(set(preload))])
@@ -105,8 +103,7 @@ class WorkerPool:
         self._spin = self._spin_tensor.numpy()
         self._context, self._target, self._args, self._handshake = context, target, args, handshake
         self._wake, self._done = [None] * num_workers, [None] * num_workers
-        self._any_done = semaphore(context)
-        self._last_liveness_check = 0.0
+        self._any_done, self._last_liveness_check = semaphore(context), 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
         self.procs, self.conns, self.restarts = [None] * num_workers, [None] * num_workers, [0] * num_workers
         self.closed = False
@@ -329,13 +326,16 @@ class WorkerPool:
 
     def call(self, method: str, args_per_worker: list[tuple], workers=None) -> list:
         """Run ``method(*args)`` on the call target of each worker in ``workers`` (default: all; ``args_per_worker``
-        in the same order); return the results in that order."""
+        in the same order); return the results in that order. A worker that died is reported by :meth:`wait`."""
         self.check_open()
         workers = list(range(self.num_workers) if workers is None else workers)
         for w, args in zip(workers, args_per_worker):
             self._command[w] = CALL
             self._wake[w].release()
-            self.conns[w].send((method, args))
+            try:
+                self.conns[w].send((method, args))
+            except _PIPE_GONE:  # (it died: wait() finds it dead, a WorkerDiedError, not this process' pipe error)
+                pass
         return self.wait(workers, CALL)
 
     def wait(self, workers, code: int, waits=None) -> list | None:

@@ -41,8 +41,8 @@ class VectorEngine(ParallelEnv):
     adjusts_caller_threads = False
 
     def serve(self, requests: dict) -> list:
-        """``EngineEnv.serve_requests(requests)`` on every env (through ``env_attribute``, which asks again when
-        a worker was replaced on the way): the replies, one list per env in env order."""
+        """``EngineEnv.serve_requests(requests)`` on every env (``env_attribute`` asks again when a worker was
+        replaced on the way): the replies, one list per env in env order."""
         if self.is_closed:
             raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
         return self.env_attribute(("serve_requests",), "call", (requests,))
@@ -141,6 +141,7 @@ class EngineCore:
         workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
         self.num_workers, self.envs_per_worker = workers, k
         self._posted: dict[int, dict] = {}  # env index -> {kind: pickled value} taken from the engine, not yet read
+        self._reset_steps: np.ndarray | None = None  # see step
         factories = [WorkerFactory(w * k, fns[w * k : (w + 1) * k], mode, raw_final, patch, pickled)
                      for w in range(workers)]
         try:
@@ -184,15 +185,19 @@ class EngineCore:
         self.request("set_action", range(self.num_envs), [(action,) for action in per_env])
 
     def step(self) -> None:
-        """Step every env with the actions written; results in the buffers and the posts."""
-        engine = self.engine
-        restarts = list(engine.restarts)
+        """Step every env with the actions written; results in the buffers and the posts. ``NEXT_STEP``: the envs of
+        a worker restarted during the last step (which reported them truncated, in their reset state) are not
+        stepped: their step is the reset step that follows an episode's end (that state, reward 0, no flags)."""
+        engine, reset_steps = self.engine, self._reset_steps
+        restarts, self._reset_steps = list(engine.restarts), None
         with TRANSLATED:
-            engine.step_buffers()
-        if engine.restarts != restarts and self.mode == NEXT_STEP:  # their envs report a truncation: see EngineEnv
-            k = self.envs_per_worker
-            replaced = [w for w, (now, before) in enumerate(zip(engine.restarts, restarts)) if now != before]
-            self.request("reset_on_step", [w * k + j for w in replaced for j in range(k)])
+            engine.step_buffers(None if reset_steps is None else ~reset_steps)
+        if reset_steps is not None:
+            for flags in (self.reward, self.terminated, self.truncated, self.done):
+                flags[reset_steps] = 0
+        if engine.restarts != restarts and self.mode == NEXT_STEP:
+            replaced = np.not_equal(engine.restarts, restarts)
+            self._reset_steps = np.repeat(replaced, self.envs_per_worker)
         self._take_observations()
 
     def _take_observations(self) -> None:
@@ -216,8 +221,7 @@ class EngineCore:
         self._take_observations()
 
     def take_posts(self) -> list[dict] | None:
-        """What the envs posted since the last call: ``[step infos, reset infos, final observations]``, each
-        ``{env index: value}``; None when nothing was posted (the common case: one check of the lengths)."""
+        """``[step infos, reset infos, final observations]`` posted since the last call (see :meth:`_take`)."""
         return self._take(STEP, FINAL + 1)
 
     def _take(self, first: int, stop: int) -> list[dict] | None:

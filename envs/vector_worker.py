@@ -11,7 +11,8 @@ Each user env is built in its worker by a :class:`WorkerFactory` and stepped by 
   (see ``adapters.py``). ``SAME_STEP`` resets it then; ``NEXT_STEP`` keeps the final state for one more step and
   resets on the following one (whose action is ignored); ``DISABLED`` keeps the final state until the main process
   asks for a reset. ``reset()`` runs only the resets the main process asks for (and a restarted worker's first one;
-  after a step that restarted workers, the facade sets ``NEXT_STEP``'s reset of their envs with ``reset_on_step``).
+  after a step that restarted workers, the main process gives their envs ``NEXT_STEP``'s reset step itself, see
+  ``vector_core.EngineCore.step``).
 - **observation spaces** as the engine sees them (:func:`engine_space`): bounds dropped (envs of one batch may
   differ in bounds), ``Discrete``/``MultiDiscrete`` as integer ``Box`` (values are moved as they are, no
   ``start`` shift), unsigned integers wider than a byte in a wider signed type (:data:`WIDENED`), a
@@ -329,6 +330,5 @@ OPS = {
     "render": lambda env: env.env.render(),
     "spaces": _spaces,
     "prepare_reset": _prepare_reset,  # (seed, options) for the env's next reset asked by the main process
-    "reset_on_step": lambda env: setattr(env, "_reset_on_step", env.mode == NEXT_STEP),  # after a restart
     "set_action": lambda env, action: setattr(env, "_sent_action", action),  # actions that travel pickled
 }
