@@ -113,6 +113,17 @@ def test_worker_killed_from_outside(no_leaks):
     assert env.is_closed and env.worker_pids == []
 
 
+def test_a_call_to_a_killed_worker_says_it_died(no_leaks):
+    """A call (here a forwarded attribute) sent to a worker that is dead: its pipe is broken, and the error names
+    the dead worker, as a step's does."""
+    env = ParallelEnv(2, cartpole)
+    os.kill(env.worker_pids[1], signal.SIGKILL)
+    wait_gone([env._pool.procs[1].pid])
+    with pytest.raises(WorkerDiedError, match="worker 1"):
+        list(env.spec)
+    assert env.is_closed
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_a_killed_worker_leaves_no_half_made_segment(no_leaks):
     """A worker killed while torch shares a tensor leaves its ``/dev/shm/torch_<pid>_...`` file, which no one
