@@ -218,6 +218,8 @@ class EngineCore:
             else:
                 reset = torch.as_tensor(np.asarray(mask, dtype=bool)).reshape(self.num_envs, 1)
                 self.engine.reset(TensorDict({"_reset": reset}, batch_size=[self.num_envs]))
+        if self._reset_steps is not None:  # a reset replaces the reset step a restart left them (see step)
+            self._reset_steps = None if mask is None else self._reset_steps & ~np.asarray(mask, dtype=bool)
         self._take_observations()
 
     def take_posts(self) -> list[dict] | None:

@@ -211,6 +211,23 @@ def test_restarts_are_opt_in(no_leaks):
         env.close()
 
 
+def test_a_reset_after_a_restart_leaves_no_reset_step_behind(no_leaks):
+    # NEXT_STEP: the restarted envs' reset step stands for the reset that follows their truncation; a reset the
+    # caller makes first replaces it, and the next step steps every env
+    env = ParallelVectorEnv(tallies(100, 100, 100, 100), envs_per_worker=2, max_restarts=1)
+    try:
+        env.reset()
+        env.step([1] * 4)
+        os.kill(env.worker_pids[1], signal.SIGKILL)
+        with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+            assert env.step([1] * 4)[3].tolist() == [False, False, True, True]
+        assert env.reset()[0].tolist() == [0, 0, 0, 0]
+        obs, rewards, *_ = env.step([1] * 4)
+        assert obs.tolist() == [1, 1, 1, 1] and rewards.tolist() == [1, 1, 1, 1]
+    finally:
+        env.close()
+
+
 def test_spawned_workers_take_closures(no_leaks):
     limit = 2
     env = ParallelVectorEnv([lambda: TallyEnv(limit)] * 2, context="spawn")
