@@ -235,17 +235,15 @@ class EngineCore:
         if not posted:
             return None
         posts: list[dict] = [{} for _ in range(stop - first)]
-        found = False
         for i in list(posted):
             values = posted[i]
             for kind in range(first, stop):
                 blob = values.pop(kind, None)
                 if blob is not None:
                     posts[kind - first][i] = _posted_value(blob, i)
-                    found = True
             if not values:
                 del posted[i]
-        return posts if found else None
+        return posts if any(posts) else None
 
     def reset_posts(self) -> dict:
         """``{env index: reset info}`` posted by the last reset (other posts are dropped)."""
