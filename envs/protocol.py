@@ -76,7 +76,7 @@ After each command the worker writes ``status[w]`` — ``OK``; ``REPLIED`` when 
 waits for the next one. Exceptions raised by a command are reported and the loop goes on. So a command answers
 with data only when there is some: a ParallelEnv worker answers ``STEP``, ``PARTIAL_STEP`` and ``RESET`` with
 ``("data", (objects, posts))`` when its envs have non-tensor entries (strings, objects: no place in shared memory)
-or posted values (see ``EnvGroup.answer``), and the main process reads one check of the status array otherwise.
+or posted values (see ``EnvGroup.take_posts``), and the main process reads one check of the status array otherwise.
 Answers are sent after ``done[w]`` is released, and the main process reads them once the worker is done: an answer
 larger than the pipe's buffer cannot deadlock.
 
