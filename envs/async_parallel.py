@@ -225,12 +225,12 @@ class AsyncParallelEnv(ParallelEnv):
                 "recv() their results first."
             )
 
-    def _run(self, fn, *args):
+    def _run(self, fn, *args, **kwargs):
         """Every synchronous command (step, reset, rollout, set_seed) comes here: refused while workers are
         in flight; batches received and not sent back are dropped."""
         self._ensure_none_in_flight("the synchronous API (step, reset, rollout, set_seed)")
         self._received = set()
-        return super()._run(fn, *args)
+        return super()._run(fn, *args, **kwargs)
 
 
 def _take(array: np.ndarray, slices: list[slice]) -> np.ndarray:

@@ -1,6 +1,8 @@
 """ParallelEnv: envs in worker processes that exchange data through shared-memory buffers."""
 from __future__ import annotations
 
+import multiprocessing
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -11,42 +13,15 @@ from .batched import BatchedEnv
 from .env_worker import run_env_worker
 from .errors import ArgumentError, SharedMemoryError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
+from .handshake import BufferHandshake
 from .inputs import leaf_copier, plain_tensordict
 from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, resolve_start_method
 from .pool import WorkerPool
-from .protocol import OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STEP
+from .protocol import CALL, OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STEP
 from .recycle import OutputSlots, numpy_of
-from .shared import EnvSpecs, allocate_buffers, allocate_copies, in_shared_memory
-from .specs import agreed_specs
+from .shared import allocate_copies
+from .values import check_finite
 from .worker_rollout import WorkerRollouts
-
-
-class BufferHandshake:
-    """ParallelEnv's half of the start-up handshake (``protocol.py``): the workers' specs must agree (with
-    each other, and a restarted worker's with the first start's); the first start allocates the shared
-    buffers from them; every worker gets the buffers and the reset mask."""
-
-    def __init__(self, num_envs: int):
-        self.num_envs = num_envs
-        self.specs: EnvSpecs | None = None
-        self.buffers = self.reset_tensor = self.step_tensor = None
-
-    def setup(self, infos: dict[int, EnvSpecs]) -> dict:
-        self.specs = agreed_specs(self.specs, infos,
-                                  "All constructors of one ParallelEnv must build envs with the same specs.")
-        if self.buffers is None:  # the first start, or a start after close()
-            self.buffers = allocate_buffers(self.specs, self.num_envs, shared=True)
-            reset = torch.zeros(self.num_envs, self.specs.batch_numel, dtype=torch.bool)
-            self.reset_tensor = in_shared_memory(reset, "the reset masks")
-            self.step_tensor = in_shared_memory(torch.zeros(self.num_envs, dtype=torch.bool), "the step masks")
-        return {w: (self.buffers, self.reset_tensor, self.step_tensor) for w in infos}
-
-    def ready(self, replies: dict) -> None:
-        pass
-
-    def release(self) -> None:
-        """Drop the buffers, so that their shared memory (and its file descriptors) is freed."""
-        self.buffers = self.reset_tensor = self.step_tensor = None
 
 
 class ParallelEnv(BatchedEnv):
@@ -155,6 +130,7 @@ class ParallelEnv(BatchedEnv):
                           "recorded by the workers themselves.", FutureWarning, stacklevel=2)
         self._out = OutputSlots()  # see _run_step
         self._posts: dict[int, dict] = {}  # see take_posts
+        self._begun: list[tuple | None] = [None]  # see begin (a list: setting an attribute costs microseconds)
         self.worker_rollouts = WorkerRollouts(self)  # rollouts with random actions (see worker_rollout.py)
         self._start_pool()
         try:
@@ -187,8 +163,7 @@ class ParallelEnv(BatchedEnv):
 
     @property
     def spin_s(self) -> float:
-        """Seconds this process and the workers poll for each other before blocking (``spin_s`` at construction,
-        resolved); settable at any time, e.g. to compare waits on one running env (``autotune`` does)."""
+        """Seconds this process and the workers poll for each other before blocking; settable at any time."""
         return self._pool.spin_s
 
     @spin_s.setter
@@ -216,9 +191,62 @@ class ParallelEnv(BatchedEnv):
             if out.restarts == self._pool.restarts:  # no worker was replaced during the step: the slot holds it all
                 out.filled = p
             return replies
-        self._step_mask[:] = mask
-        per_worker = mask.reshape(self.num_workers, self.envs_per_worker).any(1)
-        return self._run_and_gather(PARTIAL_STEP, np.flatnonzero(per_worker).tolist())
+        return self._run_and_gather(*self._command("step", mask))
+
+    def _command(self, command: str, mask: np.ndarray | None) -> tuple[int, list[int]]:
+        """``(code, workers)`` of a ``"step"`` or ``"reset"`` of the envs (elements) where ``mask`` is True (None:
+        all), its mask written for the workers."""
+        if command == "step" and mask is None:
+            return STEP, list(range(self.num_workers))
+        rows = self._reset_mask if command == "reset" else self._step_mask
+        rows[:] = True if mask is None else mask
+        workers = np.flatnonzero(rows.reshape(self.num_workers, -1).any(1)).tolist()
+        return (RESET if command == "reset" else PARTIAL_STEP), workers
+
+    # ----------------------------------------------------------------- begun commands
+    def begin(self, command: str, mask: np.ndarray | None = None, call: tuple = ()) -> None:
+        """Begin ``command`` on the workers and return at once (the facades' ``*_async``); :meth:`finish` waits for it
+        and completes it as the blocking call does: ``"step"`` as :meth:`step_buffers` (``mask``: bool ``[num_envs]``,
+        the envs to step), ``"reset"`` of every env or element (``mask``: bool ``[num_envs * prod(B)]``, those to
+        reset), ``"call"`` as :meth:`env_attribute` (``call = (path, action, args, kwargs)``). Nothing else may run
+        on this env meanwhile."""
+        self._pool.check_open()
+        if command not in ("step", "reset", "call"):
+            raise ValueError(f"{self.owner}.begin() takes 'step', 'reset' or 'call', got {command!r}.")
+        if self._begun[0] is not None:
+            raise RuntimeError(f"{self.owner}: the {self._begun[0][0]} it began is not finished; call finish().")
+        if not self._used:  # (see _step_envs)
+            self._used = True
+        self._out.filled = None  # (the next outputs are copied from the buffers)
+        if command == "call":
+            code, workers = CALL, list(range(self.num_workers))
+            self._pool.call("env_attribute", [call] * len(workers), workers, wait=False)
+        else:
+            code, workers = self._command(command, mask)
+            self._pool.send(code, workers)
+        self._begun[0] = (command, code, workers, mask, call)
+
+    def finish(self, timeout: float | None = None) -> list | None:
+        """Wait for the command :meth:`begin` began and complete it: a call's results (one per env), None for a
+        step or a reset. After ``timeout`` s, ``multiprocessing.TimeoutError``: the command goes on (call
+        ``finish`` again). Failed workers are handled as in the blocking calls (see ``max_restarts``)."""
+        if self._begun[0] is None:
+            raise RuntimeError(f"{self.owner}.finish() was called with no command begun; call begin() first.")
+        command, code, workers, mask, call = self._begun[0]
+        try:
+            answers = self._run(self._pool.wait_for, workers, code, timeout, stepping=command == "step")
+        finally:
+            if not isinstance(sys.exc_info()[1], multiprocessing.TimeoutError):  # (a timeout: it goes on)
+                self._begun[0] = None
+        if command == "call":  # (None: a worker was replaced on the way, it is asked again)
+            return [v for values in answers for v in values] if answers is not None else self._run_env_attribute(*call)
+        self._objects.keep(self._kept(workers, answers))
+        if command == "step":
+            self._after_step(mask)
+        else:
+            self._pending_reset[slice(None) if mask is None else mask] = False
+            if self.check_values:
+                check_finite(self._root, self.owner, "reset()")
 
     def _bind_copiers(self) -> None:
         """As ``BatchedEnv``'s; on the CPU, with "next" leaves of ``recycler.min_bytes`` or more (with a numpy dtype:
@@ -279,7 +307,7 @@ class ParallelEnv(BatchedEnv):
     def _run_and_gather(self, code: int, workers: list[int]) -> list | None:
         """Run ``code`` on ``workers``: the non-tensor entries they answered with, as ``[(env index, entries)]``
         (None without any); what their envs posted is kept for :meth:`take_posts`."""
-        return self._kept(workers, self._run(self._pool.run, code, workers))
+        return self._kept(workers, self._run(self._pool.run, code, workers, stepping=code != RESET))
 
     def _kept(self, workers: list[int], answers: list | None) -> list | None:
         if not answers:  # (the common case: no worker answered)
@@ -304,9 +332,7 @@ class ParallelEnv(BatchedEnv):
         return taken
 
     def _run_reset(self, mask: np.ndarray | None) -> list | None:
-        self._reset_mask[:] = True if mask is None else mask
-        per_worker = self._reset_mask.reshape(self.num_workers, -1).any(1)
-        return self._run_and_gather(RESET, np.flatnonzero(per_worker).tolist())
+        return self._run_and_gather(*self._command("reset", mask))
 
     def _run_set_seed(self, seed: int | None, static_seed: bool, workers=None) -> int | None:
         for w in range(self.num_workers) if workers is None else workers:  # in order: each chains the seed on
@@ -337,14 +363,14 @@ class ParallelEnv(BatchedEnv):
         raise NotImplementedError("writing an env into a ParallelEnv (snapshot writeback) is not supported: its envs "
                                   "are built in their workers from constructors; use update_kwargs() and restart it.")
 
-    def _run(self, fn, *args):
+    def _run(self, fn, *args, stepping: bool = False):
         """Run a pool command. Failed workers are replaced while ``max_restarts`` allows (then the command's
         result stands, see the class docstring); otherwise, when a worker died or hung, or on Ctrl-C, this
         env is closed before the error propagates."""
         try:
             return fn(*args)
         except WorkerError as err:
-            self._recover(err, stepping=fn == self._pool.run and args[0] in (STEP, PARTIAL_STEP, *SLOT_STEP))
+            self._recover(err, stepping)
         except KeyboardInterrupt:
             self.close()
             raise
@@ -411,6 +437,7 @@ class ParallelEnv(BatchedEnv):
 
     def _shutdown(self) -> None:
         self._pool.stop()
+        self._begun[0] = None  # (a command begun and never finished is gone with the workers)
         self._reset_mask = self._step_mask = None
         self._out.forget()  # (the slots handed out stay valid: their memory lives as long as they do)
         self.worker_rollouts.forget()  # (as are the rollouts)

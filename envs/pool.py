@@ -19,19 +19,12 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from .errors import (
-    MissingMainGuardError,
-    WorkerDiedError,
-    WorkerError,
-    WorkerTimeoutError,
-    failures_of,
-)
+from .errors import MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
 from .platform_policy import GUARD_MESSAGE, resolve_spin_s
 from .preload import import_now
 from .protocol import (
@@ -41,6 +34,7 @@ from .protocol import (
     MISSING_GUARD_EXIT,
     NOTIFY,
     OK,
+    Handshake,
     Wait,
     WorkerChannel,
     command_name,
@@ -48,7 +42,7 @@ from .protocol import (
     poll,
     worker_error,
 )
-from .shared import close_unfetched_fds, in_shared_memory, remove_orphan_segments, semaphore, unfetched_fds
+from .shared import close_unfetched_fds, in_shared_memory, reap, semaphore, unfetched_fds
 
 _PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
 
@@ -67,17 +61,6 @@ def _stop_live_pools() -> None:
 
 # registered after multiprocessing.util's exit hook (imported above), so it runs before it (atexit is LIFO)
 atexit.register(_stop_live_pools)
-
-
-class Handshake(Protocol):
-    """The owner's half of the start-up handshake (see ``protocol.py``); called for the first start of all
-    workers and for every restart, with the workers concerned."""
-
-    def setup(self, infos: dict[int, Any]) -> dict[int, Any]:
-        """``{worker: info}`` from their hellos -> ``{worker: setup payload}``; raises to refuse them."""
-
-    def ready(self, replies: dict[int, Any]) -> None:
-        """``{worker: reply}`` once they are bound and serving."""
 
 
 class WorkerPool:
@@ -105,6 +88,7 @@ class WorkerPool:
         self._wake, self._done = [None] * num_workers, [None] * num_workers
         self._any_done, self._last_liveness_check = semaphore(context), 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
+        self._found_done: set[int] = set()  # see wait_for
         self.procs, self.conns, self.restarts = [None] * num_workers, [None] * num_workers, [0] * num_workers
         self.closed = False
         _LIVE_POOLS.add(self)
@@ -196,7 +180,7 @@ class WorkerPool:
         old, conn = self.procs[w], self.conns[w]
         if old.exitcode is None:
             old.kill()
-        _reap(old, 5.0)
+        reap(old, 5.0)
         old.close()
         conn.close()
         self._status[w] = OK
@@ -324,9 +308,10 @@ class WorkerPool:
         """The data worker ``w`` answered a command with (one it finished, found by :meth:`wait_any`)."""
         return self.conns[w].recv()[1]
 
-    def call(self, method: str, args_per_worker: list[tuple], workers=None) -> list:
+    def call(self, method: str, args_per_worker: list[tuple], workers=None, wait: bool = True) -> list | None:
         """Run ``method(*args)`` on the call target of each worker in ``workers`` (default: all; ``args_per_worker``
-        in the same order); return the results in that order. A worker that died is reported by :meth:`wait`."""
+        in the same order); return the results in that order (``wait=False``: send the call and return None; wait
+        for it with ``wait(workers, CALL)``). A worker that died is reported by :meth:`wait`."""
         self.check_open()
         workers = list(range(self.num_workers) if workers is None else workers)
         for w, args in zip(workers, args_per_worker):
@@ -336,7 +321,7 @@ class WorkerPool:
                 self.conns[w].send((method, args))
             except _PIPE_GONE:  # (it died: wait() finds it dead, a WorkerDiedError, not this process' pipe error)
                 pass
-        return self.wait(workers, CALL)
+        return self.wait(workers, CALL) if wait else None
 
     def wait(self, workers, code: int, waits=None) -> list | None:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
@@ -383,6 +368,27 @@ class WorkerPool:
             self._raise_failures(failures)
         return [answers.get(w) for w in workers] if answers else None
 
+    def wait_for(self, workers, code: int, timeout: float | None) -> list | None:
+        """:meth:`wait` for at most ``timeout`` s (None: no limit): then ``multiprocessing.TimeoutError``, the command
+        goes on, and a later call resumes the wait (the workers found done are kept in ``_found_done``)."""
+        dones, found = self._done, self._found_done
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            for w in (w for w in workers if w not in found):
+                while not dones[w].acquire(timeout=min(self._poll_s, max(0.0, deadline - time.monotonic()))):
+                    if self.procs[w] is None or self.procs[w].exitcode is not None:
+                        break  # (closed or dead: wait() says so)
+                    if time.monotonic() >= deadline:
+                        raise multiprocessing.TimeoutError(
+                            f"{self.owner}: the workers' {command_name(code)} is not done after {timeout} s; it goes "
+                            "on: wait again for its result, or close.")
+                else:
+                    found.add(w)
+        for w in found:  # given back, for wait() to take
+            dones[w].release()
+        found.clear()
+        return self.wait(workers, code)
+
     def _liveness_failure(self, w: int, during: str, deadline: float):
         """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then
         killed), or None while it may still answer."""
@@ -393,7 +399,7 @@ class WorkerPool:
             return self._death(w, during)
         if time.monotonic() > deadline:
             self.procs[w].kill()
-            _reap(self.procs[w], 5.0)
+            reap(self.procs[w], 5.0)
             return WorkerTimeoutError(w, self.timeout, during)
         return None
 
@@ -401,7 +407,7 @@ class WorkerPool:
         """The error for worker ``w``, found dead (or whose pipe broke: it is given a second to exit, so that
         its exit code is known)."""
         proc = self.procs[w]
-        _reap(proc, 1.0)
+        reap(proc, 1.0)
         if proc.exitcode == MISSING_GUARD_EXIT:
             return MissingMainGuardError(GUARD_MESSAGE.format(owner=self.owner, method=self.start_method))
         return WorkerDiedError(w, proc.pid, proc.exitcode, during)
@@ -431,7 +437,7 @@ class WorkerPool:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
                 proc.kill()
-            _reap(proc, 5.0)
+            reap(proc, 5.0)
             if proc.exitcode is not None:  # (else a wait in another thread is reaping it: gc closes the object)
                 proc.close()
         self._wake = [None] * len(self._wake)
@@ -441,10 +447,3 @@ class WorkerPool:
         self._command, self._status, self._spin = self._command.copy(), self._status.copy(), self._spin.copy()
         # the workers' arguments hold segments too
         self._command_tensor = self._status_tensor = self._spin_tensor = self._args = None
-
-
-def _reap(proc, timeout: float) -> None:
-    """Join ``proc``; if it died other than by a clean exit, unlink what shared segments it left half made."""
-    proc.join(timeout)
-    if proc.exitcode not in (None, 0):
-        remove_orphan_segments(proc.pid)

@@ -99,7 +99,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -181,6 +181,17 @@ def worker_error(w: int, report: dict) -> EnvWorkerError:
     error = EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
     error.original = unpickled_exception(report.get("original"))
     return error
+
+
+class Handshake(Protocol):
+    """The owner's half of the start-up handshake (see ``protocol.py``); called for the first start of all
+    workers and for every restart, with the workers concerned."""
+
+    def setup(self, infos: dict[int, Any]) -> dict[int, Any]:
+        """``{worker: info}`` from their hellos -> ``{worker: setup payload}``; raises to refuse them."""
+
+    def ready(self, replies: dict[int, Any]) -> None:
+        """``{worker: reply}`` once they are bound and serving."""
 
 
 class WorkerChannel:

@@ -10,7 +10,7 @@ envs; every leaf's first dimension is the env index)::
 
 A worker binds to its slice ``buffers[start:stop]``; all views share storage with the main process' tensors,
 so nothing is pickled per step. Also here: the bookkeeping of the shared segments' handles offered to workers
-(``unfetched_fds``) and of the segments a dead worker left half made (``remove_orphan_segments``).
+(``unfetched_fds``) and of the segments a dead worker left half made (``reap``).
 """
 from __future__ import annotations
 
@@ -270,12 +270,15 @@ def semaphore(context):
         raise
 
 
-def remove_orphan_segments(pid: int | None) -> None:
-    """Unlink the ``/dev/shm`` files a dead process ``pid`` left half made. Torch makes each shared segment as a
-    file named ``torch_<pid>_...``, reserves its pages, then unlinks it: a worker killed in between (a kill
-    while it shares a tensor) leaves the file for good. Only under torch's default ``file_descriptor``
-    strategy, where no such file is meant to outlive its maker's next instruction."""
-    if pid is None or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+def reap(proc, timeout: float) -> None:
+    """Join the worker process ``proc`` (up to ``timeout`` s); if it died other than by a clean exit, unlink the
+    ``/dev/shm`` files it left half made. Torch makes each shared segment as a file named ``torch_<pid>_...``,
+    reserves its pages, then unlinks it: a worker killed in between (a kill while it shares a tensor) leaves the
+    file for good. Only under torch's default ``file_descriptor`` strategy, where no such file is meant to
+    outlive its maker's next instruction."""
+    proc.join(timeout)
+    pid = proc.pid
+    if proc.exitcode in (None, 0) or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return
     try:
         names = [name for name in os.listdir("/dev/shm") if name.startswith(f"torch_{pid}_")]

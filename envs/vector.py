@@ -11,10 +11,8 @@ handling, opt-in restarts); every env is built in its worker, never in this proc
 """
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import multiprocessing
-import queue
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -107,8 +105,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
             env_fns, shared_memory, copy, context, daemon)
         self.observation_mode = observation_mode
         self._state: str | None = None  # "reset" / "step" / "call" while an *_async call is pending
-        self._future: concurrent.futures.Future | None = None
-        self._background = _Background()
+        self._finish: Callable | None = None  # how the pending *_async call finishes (see _start)
         self._mode = _MODES[self.autoreset_mode]
         self._core = EngineCore(env_fns, owner=type(self).__name__, mode=self._mode, num_workers=num_workers,
                                 envs_per_worker=envs_per_worker, start_method=context, timeout=timeout,
@@ -182,10 +179,11 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
 
     def reset_async(self, seed: int | Sequence[int | None] | None = None,
                     options: dict[str, Any] | None = None) -> None:
-        """Start :meth:`reset` in the background; :meth:`reset_wait` returns its result."""
+        """Begin :meth:`reset` on the workers and return; :meth:`reset_wait` returns its result."""
         plan = self._reset_plan(seed, options)
         self._idle("reset_async")
-        self._start("reset", lambda: self._core.reset(*plan))
+        self._start("reset", lambda: self._core.start_reset(*plan),
+                    lambda timeout: self._core.reset(*plan, timeout=timeout, started=True))
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """The result of the pending :meth:`reset_async`; ``multiprocessing.TimeoutError`` after ``timeout``
@@ -229,10 +227,10 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
             return self._step_result()
 
     def step_async(self, actions) -> None:
-        """Check and send ``actions``, and step the envs in the background; :meth:`step_wait` returns the result."""
+        """Check and write ``actions``, begin the step on the workers and return; :meth:`step_wait` returns it."""
         self._idle("step_async")
         self._core.write_actions(actions)
-        self._start("step", self._core.step)
+        self._start("step", self._core.start_step, lambda timeout: self._core.step(timeout, started=True))
 
     def step_wait(self, timeout: float | None = None):
         """The result of the pending :meth:`step_async`; ``multiprocessing.TimeoutError`` after ``timeout``
@@ -278,10 +276,11 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         return tuple(self._call(name, args, kwargs))
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Start :meth:`call` in the background; :meth:`call_wait` returns its result."""
+        """Begin :meth:`call` on the workers and return; :meth:`call_wait` returns its result."""
         self._idle("call_async")
         _check_call_name(name)
-        self._start("call", lambda: self._call(name, args, kwargs))
+        self._start("call", lambda: self._core.start_request("call", range(self.num_envs), (name, args, kwargs)),
+                    lambda timeout: self._core.request(timeout=timeout, started=True))
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """The result of the pending :meth:`call_async` (``multiprocessing.TimeoutError`` after ``timeout`` s)."""
@@ -318,20 +317,26 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
             raise AlreadyPendingCallError(f"Calling `{what}` while waiting for a pending call to `{self._state}` to "
                                           f"complete: call {self._state}_wait() first.", self._state)
 
-    def _start(self, name: str, fn: Callable) -> None:
-        self._future = self._background.submit(fn)
-        self._state = name
+    def _start(self, name: str, begin: Callable, finish: Callable) -> None:
+        """``begin()`` the ``name`` call on the workers; :meth:`_wait` gives ``finish(timeout)``'s result."""
+        with self._closed_under(f"{name}_async"):
+            begin()
+        self._state, self._finish = name, finish
 
     def _wait(self, name: str, timeout: float | None):
         self._check_open(f"{name}_wait")
         if self._state != name:
             raise NoAsyncCallError(f"Calling `{name}_wait` without any prior call to `{name}_async`.", name)
-        future = self._future
-        if not concurrent.futures.wait([future], timeout).done:
+        try:
+            result = self._finish(timeout)
+        except multiprocessing.TimeoutError:
             raise multiprocessing.TimeoutError(f"{name}_wait() timed out after {timeout} s; the {name} goes on: call "
-                                               f"{name}_wait() again for its result, or close().")
-        self._state = self._future = None
-        return future.result()
+                                               f"{name}_wait() again for its result, or close().") from None
+        except BaseException:
+            self._state = self._finish = None
+            raise
+        self._state = self._finish = None
+        return result
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Stop the workers and free the shared memory. A pending *_async call is waited for (up to
@@ -340,10 +345,10 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
             warnings.warn(f"Calling `close` while waiting for a pending call to `{self._state}` to complete.",
                           stacklevel=3)
             if not terminate:
-                concurrent.futures.wait([self._future], timeout)
-            self._state = self._future = None
+                with contextlib.suppress(Exception):  # (its result is dropped; close goes on)
+                    self._finish(timeout)
+            self._state = self._finish = None
         self._core.close()
-        self._background.stop()
 
     def __del__(self):
         if not getattr(self, "closed", True) and "_core" in self.__dict__:
@@ -372,35 +377,3 @@ def _checked_mask(mask, n: int) -> np.ndarray:
         raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True value, got "
                          f"reset_mask={mask}")
     return mask.copy()
-
-
-class _Background:
-    """One daemon thread that runs the *_async calls, one at a time (started at the first one)."""
-
-    def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, fn: Callable) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, args=(self._queue,), daemon=True,
-                                            name="ParallelVectorEnv-async")
-            self._thread.start()
-        self._queue.put((future, fn))
-        return future
-
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue) -> None:
-        while (job := jobs.get()) is not None:
-            future, fn = job
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                    future.set_exception(exc)
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread = None

@@ -14,38 +14,28 @@ last posted observation, :class:`PickledActions` sends each env's action with a 
 from __future__ import annotations
 
 import copy as copying
-import pickle
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from .errors import EnvWorkerError, SpecMismatchError
 from .factories import check_factory
 from .parallel import ParallelEnv
 from .platform_policy import check_start_method, split_envs
 from .shared import key_tuple, numpy_view
-from .vector_errors import SpaceMismatchError, call_result, worker_exception
+from .vector_errors import TRANSLATED, ClosedUnder, SpaceMismatchError, call_result, unpickled, worker_exception
 from .vector_worker import FINAL, NEXT_OBS, NEXT_STEP, RESET, ROOT_OBS, STEP, WorkerFactory, travels_pickled
 
 
 class VectorEngine(ParallelEnv):
-    """A ParallelEnv that reaches the ``vector_worker.EngineEnv`` of every env with requests (see :meth:`serve`).
-    The caller's torch threads are left as they are (its training process is not TorchRL's); its ``owner`` (in
-    messages and worker names) is the face's class name."""
+    """The ParallelEnv of the facades: the caller's torch threads are left as they are (its training process is not
+    TorchRL's); its ``owner`` (in messages and worker names) is the face's class name."""
 
     adjusts_caller_threads = False
-
-    def serve(self, requests: dict) -> list:
-        """``EngineEnv.serve_requests(requests)`` on every env (``env_attribute`` asks again when a worker was
-        replaced on the way): the replies, one list per env in env order."""
-        if self.is_closed:
-            raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
-        return self.env_attribute(("serve_requests",), "call", (requests,))
 
 
 class EngineWorkers:
@@ -78,43 +68,6 @@ class EngineWorkers:
         return self._core.engine.restarts
 
 
-class ClosedUnder:
-    """The context of :meth:`EngineWorkers._closed_under` (a class: a generator-made context costs microseconds per
-    step)."""
-
-    __slots__ = ("face", "what")
-
-    def __init__(self, face: EngineWorkers, what: str):
-        self.face, self.what = face, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if kind is None or not issubclass(kind, Exception) or not self.face._core.closing:
-            return False
-        raise self.face.closed_error(f"{type(self.face).__name__} was closed (from another thread or a signal "
-                                     f"handler?) while {self.what}() ran; make a new one to go on.") from None
-
-
-class Translated:
-    """The context of the engine's calls (:data:`TRANSLATED`): an env's :class:`EnvWorkerError` raised as
-    :func:`worker_exception` makes it."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if kind is not None and issubclass(kind, EnvWorkerError):
-            raise worker_exception(exc, exc.original) from None
-        return False
-
-
-TRANSLATED = Translated()
-
-
 class EngineCore:
     """The envs of ``env_fns`` in ``num_workers`` processes of ``envs_per_worker`` envs each (env ``i`` in worker
     ``i // envs_per_worker``), stepped with autoreset ``mode`` (``vector_worker.SAME_STEP`` / ``NEXT_STEP`` /
@@ -141,7 +94,8 @@ class EngineCore:
         workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
         self.num_workers, self.envs_per_worker = workers, k
         self._posted: dict[int, dict] = {}  # env index -> {kind: pickled value} taken from the engine, not yet read
-        self._reset_steps: np.ndarray | None = None  # see step
+        self._reset_steps: np.ndarray | None = None  # see start_step
+        self._stepping: tuple = (None, [])  # the step started: (envs not stepped, the workers' restarts before it)
         factories = [WorkerFactory(w * k, fns[w * k : (w + 1) * k], mode, raw_final, patch, pickled)
                      for w in range(workers)]
         try:
@@ -184,43 +138,57 @@ class EngineCore:
     def _send_actions(self, per_env: list) -> None:
         self.request("set_action", range(self.num_envs), [(action,) for action in per_env])
 
-    def step(self) -> None:
-        """Step every env with the actions written; results in the buffers and the posts. ``NEXT_STEP``: the envs of
-        a worker restarted during the last step (which reported them truncated, in their reset state) are not
-        stepped: their step is the reset step that follows an episode's end (that state, reward 0, no flags)."""
-        engine, reset_steps = self.engine, self._reset_steps
-        restarts, self._reset_steps = list(engine.restarts), None
+    def step(self, timeout: float | None = None, started: bool = False) -> None:
+        """Step every env with the actions written (``started``: finish the step :meth:`start_step` started,
+        waiting up to ``timeout`` s, see ``ParallelEnv.finish``); results in the buffers and the posts."""
+        if not started:
+            self.start_step()
         with TRANSLATED:
-            engine.step_buffers(None if reset_steps is None else ~reset_steps)
+            self.engine.finish(timeout)
+        reset_steps, restarts = self._stepping
         if reset_steps is not None:
             for flags in (self.reward, self.terminated, self.truncated, self.done):
                 flags[reset_steps] = 0
-        if engine.restarts != restarts and self.mode == NEXT_STEP:
-            replaced = np.not_equal(engine.restarts, restarts)
+        if self.engine.restarts != restarts and self.mode == NEXT_STEP:
+            replaced = np.not_equal(self.engine.restarts, restarts)
             self._reset_steps = np.repeat(replaced, self.envs_per_worker)
         self._take_observations()
+
+    def start_step(self) -> None:
+        """Start the step (see :meth:`step`). ``NEXT_STEP``: the envs of a worker restarted during the last step
+        (which reported them truncated, in their reset state) are not stepped: their step is the reset step that
+        follows an episode's end (that state, reward 0, no flags)."""
+        reset_steps, self._reset_steps = self._reset_steps, None
+        self._stepping = (reset_steps, list(self.engine.restarts))
+        with TRANSLATED:
+            self.engine.begin("step", None if reset_steps is None else ~reset_steps)
 
     def _take_observations(self) -> None:
         if isinstance(self.observations, PickledObservations):
             self.observations.update(self._take(NEXT_OBS, ROOT_OBS + 1))
 
-    def reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence) -> None:
+    def reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence, timeout: float | None = None,
+              started: bool = False) -> None:
         """Reset every env (``mask`` None) or those where ``mask`` (bool ``[num_envs]``) is True; env ``i`` with
-        ``seeds[i]`` and ``options[i]`` (None: none). The observations are then in the root buffer."""
+        ``seeds[i]`` and ``options[i]`` (None: none). The observations are then in the root buffer. ``started``:
+        finish the reset :meth:`start_reset` started, waiting up to ``timeout`` s (see ``ParallelEnv.finish``)."""
+        if not started:
+            self.start_reset(mask, seeds, options)
+        with TRANSLATED:
+            self.engine.finish(timeout)
+        if self._reset_steps is not None:  # a reset replaces the reset step a restart left them (see step)
+            self._reset_steps = None if mask is None else self._reset_steps & ~np.asarray(mask, dtype=bool)
+        self._take_observations()
+
+    def start_reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence) -> None:
+        """Start the reset (see :meth:`reset`)."""
         chosen = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
         prepared = [i for i in chosen if seeds[i] is not None or options[i] is not None]
         if prepared:
             self.request("prepare_reset", prepared, [(seeds[i], options[i]) for i in prepared])
         self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
         with TRANSLATED:
-            if mask is None:
-                self.engine.reset()
-            else:
-                reset = torch.as_tensor(np.asarray(mask, dtype=bool)).reshape(self.num_envs, 1)
-                self.engine.reset(TensorDict({"_reset": reset}, batch_size=[self.num_envs]))
-        if self._reset_steps is not None:  # a reset replaces the reset step a restart left them (see step)
-            self._reset_steps = None if mask is None else self._reset_steps & ~np.asarray(mask, dtype=bool)
-        self._take_observations()
+            self.engine.begin("reset", None if mask is None else np.asarray(mask, dtype=bool))
 
     def take_posts(self) -> list[dict] | None:
         """``[step infos, reset infos, final observations]`` posted since the last call (see :meth:`_take`)."""
@@ -240,7 +208,7 @@ class EngineCore:
             for kind in range(first, stop):
                 blob = values.pop(kind, None)
                 if blob is not None:
-                    posts[kind - first][i] = _posted_value(blob, i)
+                    posts[kind - first][i] = unpickled(blob, i, "an info it returned")
             if not values:
                 del posted[i]
         return posts if any(posts) else None
@@ -251,23 +219,32 @@ class EngineCore:
         return {} if posts is None else posts[RESET]
 
     # ----------------------------------------------------------------- calls
-    def request(self, op: str, indices, args: tuple | list = ()) -> list:
+    def request(self, op: str = "", indices=(), args: tuple | list = (), timeout: float | None = None,
+                started: bool = False) -> list:
         """Run ``vector_worker.OPS[op]`` on env ``i`` for each ``i`` in ``indices`` (in that order) with ``args``
         (one tuple for all, or a list of one tuple per index); the results in the same order. An exception
-        raised by an env is raised here, with the env index and the worker's traceback in a note."""
-        indices = [int(i) for i in indices]
-        requests: dict[int, list] = {}
-        for position, i in enumerate(indices):
-            requests.setdefault(i, []).append((position, op, args[position] if isinstance(args, list) else args))
+        raised by an env is raised here, with the env index and the worker's traceback in a note. ``started``:
+        finish the requests :meth:`start_request` started (no other arguments), waiting up to ``timeout`` s."""
+        if not started:
+            self.start_request(op, indices, args)
+        op, indices = self._requested
+        with TRANSLATED:
+            per_env = self.engine.finish(timeout)
         replies: list = [None] * len(indices)
-        for env_replies in self._serve(requests):
+        for env_replies in per_env:
             for position, *reply in env_replies:
                 replies[position] = reply
         return [call_result(*reply, i, op) for reply, i in zip(replies, indices)]
 
-    def _serve(self, requests: dict) -> list:
+    def start_request(self, op: str, indices, args: tuple | list = ()) -> None:
+        """Start the requests (see :meth:`request`): every env gets them all, and runs its own
+        (``EngineEnv.serve_requests``)."""
+        indices = [int(i) for i in indices]
+        self._requested, requests = (op, indices), {}
+        for position, i in enumerate(indices):
+            requests.setdefault(i, []).append((position, op, args[position] if isinstance(args, list) else args))
         with TRANSLATED:
-            return self.engine.serve(requests)
+            self.engine.begin("call", call=(("serve_requests",), "call", (requests,), None))
 
     # ----------------------------------------------------------------- closing
     def close(self) -> None:
@@ -276,15 +253,6 @@ class EngineCore:
         self.observations = self.actions = None
         self.reward = self.terminated = self.truncated = self.done = None
         self._finalizer()
-
-
-def _posted_value(blob: bytes, index: int):
-    """A value env ``index`` posted (``vector_worker.EngineEnv``), unpickled."""
-    try:
-        return pickle.loads(blob)
-    except Exception as exc:  # noqa: BLE001 - one clear error for any unpickling failure
-        raise TypeError(f"env {index}: an info it returned cannot be read in the main process "
-                        f"({type(exc).__name__}: {exc}).") from exc
 
 
 # ----------------------------------------------------------------- numpy in and out of the buffers

@@ -1,14 +1,18 @@
-"""AsyncParallelEnv: first-finished-first-served stepping, its data, its errors and its clean-up."""
+"""Asynchronous stepping: AsyncParallelEnv (first-finished-first-served stepping, its data, its errors and its
+clean-up), and ParallelEnv.begin / finish (one command begun, finished later: the facades' ``*_async``)."""
 import functools
+import multiprocessing
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
-from tdcollect.envs import AsyncParallelEnv, EnvWorkerError, WorkerDiedError
+from tdcollect.envs import AsyncParallelEnv, EnvWorkerError, ParallelEnv, WorkerDiedError
 from tdcollect.envs.group import seed_chain
-from tests.helpers import CountingEnv, FaultyEnv, SlowEnv, SuicidalEnv, cartpole
+from tests.helpers import CountingEnv, FaultyEnv, GatedEnv, SlowEnv, SuicidalEnv, cartpole, wait_for_file
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -138,3 +142,83 @@ def test_close_with_workers_in_flight_leaves_nothing(no_leaks):
     send_actions(env, env.recv(), 1)
     env.close()
     assert env.is_closed and env.worker_pids == []
+
+
+# ----------------------------------------------------------------- ParallelEnv.begin / finish
+def test_a_begun_step_goes_on_past_a_timeout_and_finishes_as_a_blocking_step(tmp_path, no_leaks):
+    first, second = tmp_path / "0", tmp_path / "1"
+    first.mkdir(), second.mkdir()
+    # worker 1's first step and worker 0's second one wait for their gates
+    fns = [functools.partial(GatedEnv, str(first), at_step=2), functools.partial(GatedEnv, str(second), at_step=1)]
+    with ParallelEnv(2, fns) as env:
+        env.reset()
+        threads = threading.active_count()
+        env.write_actions(TensorDict(action=torch.tensor([1, 2])))
+        env.begin("step")
+        wait_for_file(str(second / "entered"))
+        with pytest.raises(multiprocessing.TimeoutError, match="goes on"):
+            env.finish(timeout=0.2)  # (worker 0 is done by now or soon: its part is kept for the next finish)
+        with pytest.raises(RuntimeError, match="not finished"):
+            env.begin("reset")
+        assert threading.active_count() == threads  # no thread runs it: the workers do
+        open(second / "open", "w").close()
+        assert env.finish(timeout=30) is None
+        assert env.next_buffer["observation"][:, :2].tolist() == [[1, 1], [1, 2]]  # (steps, action) per env
+        env.write_actions(TensorDict(action=torch.tensor([0, 1])))
+        env.begin("step")
+        wait_for_file(str(first / "entered"))
+        with pytest.raises(multiprocessing.TimeoutError):  # worker 0 is not done: nothing of the last wait is left
+            env.finish(timeout=0.2)
+        open(first / "open", "w").close()
+        env.finish(timeout=30)
+        assert env.next_buffer["observation"][:, :2].tolist() == [[2, 0], [2, 1]]
+        env.step_buffers()  # a blocking step after them
+        assert env.next_buffer["observation"][:, :2].tolist() == [[3, 0], [3, 1]]
+
+
+def test_a_begun_reset_and_call_finish_as_the_blocking_ones(no_leaks):
+    with ParallelEnv(2, functools.partial(CountingEnv, episode_len=1000), envs_per_worker=2) as env:
+        env.reset()
+        env.write_actions(TensorDict(action=torch.tensor([1, 1, 1, 1])))
+        env.step_buffers()
+        env.begin("reset", np.array([True, False, False, True]))
+        assert env.finish() is None
+        assert env.root_buffer["observation"][:, 0].tolist() == [0, 1, 1, 0]
+        env.begin("call", call=(("count",), "get", (), None))
+        assert env.finish() == [0, 1, 1, 0]
+
+
+def test_begin_and_finish_refuse_what_they_cannot_do(no_leaks):
+    with ParallelEnv(1, CountingEnv) as env:
+        env.reset()
+        with pytest.raises(RuntimeError, match="no command begun"):
+            env.finish()
+        with pytest.raises(ValueError, match="'step', 'reset' or 'call'"):
+            env.begin("stpe")
+        env.begin("call", call=(("nothing_here",), "get", (), None))
+        with pytest.raises(EnvWorkerError, match="nothing_here"):
+            env.finish()
+        env.begin("call", call=(("count",), "get", (), None))  # (the failed call is over)
+        assert env.finish() == [0]
+
+
+def test_a_worker_killed_in_a_begun_step_is_a_worker_died_error(no_leaks):
+    with ParallelEnv(2, [CountingEnv, functools.partial(SuicidalEnv, at_step=1)]) as env:
+        env.reset()
+        env.write_actions(TensorDict(action=torch.tensor([1, 1])))
+        env.begin("step")
+        with pytest.raises(WorkerDiedError):
+            env.finish(timeout=30)
+        assert env.is_closed
+
+
+def test_a_worker_killed_in_a_begun_step_is_replaced_within_max_restarts(no_leaks):
+    with ParallelEnv(2, [CountingEnv, functools.partial(SuicidalEnv, at_step=1)], max_restarts=1) as env:
+        env.reset()
+        env.write_actions(TensorDict(action=torch.tensor([1, 1])))
+        env.begin("step")
+        with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+            assert env.finish(timeout=30) is None
+        assert env.restarts == [0, 1]
+        assert env.next_buffer["truncated"].squeeze(-1).tolist() == [False, True]  # its step: restarted
+        assert env.next_buffer["observation"][0, :2].tolist() == [1, 1]
