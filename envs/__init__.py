@@ -10,7 +10,8 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
     5  serial, env_worker, vector_worker                SerialEnv; a worker's process body; the faces' envs in it
     4  batched, pool, group, dmlab2d, dm_players,       BatchedEnv (the TorchRL face), the pool, envs in a process,
        worker_rollout                                   rollouts the workers record
-    3  adapters, dm_specs, rollout, platform_policy
+    3  adapters, dm_specs, rollout, platform_policy,    the families' steppers; ParallelEnv's half of the
+       handshake                                        start-up handshake
     2  protocol, shared, specs, factories, gym_io, inputs
     1  errors, values, recycle, forwarding, preload, meltingpot_install
 
@@ -24,8 +25,9 @@ copied out with ``inputs.leaf_copier`` into ``inputs.plain_tensordict``s, the bi
 (``recycle.OutputSlots``). Inputs the common step does not take (partial steps, nested keys, locked or named
 tensordicts, actions to cast or outside their spec...) go the general way: ``inputs.checked_actions``, TorchRL's
 masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` and ``ParallelVecEnv.step`` (6 of our files in this process)
-add the face and ``vector_core.EngineCore`` (actions in, observations out) in front of ``BatchedEnv.step_buffers``
-(not ``inputs``), and
+add the face and ``vector_core.EngineCore`` (actions in, observations out) in front of ``ParallelEnv.begin`` /
+``finish`` (``pool.WorkerPool.send`` / ``wait_for``, then ``BatchedEnv._after_step``; not ``inputs``), the pair
+their ``step_async`` / ``step_wait`` split (no thread: the workers step meanwhile), and
 ``vector_worker.EngineEnv`` between the stepper and the user's env: its autoreset mode (``engine_autoreset``, the
 steppers' in-step reset) and its infos, posted (``EnvGroup.take_posts``: they come back with the worker's answer,
 which a worker sends only when its envs posted something). A ``ParallelEnv.rollout`` with random actions:

@@ -240,7 +240,9 @@ class ParallelEnv(BatchedEnv):
                 self._begun[0] = None
         if command == "call":  # (None: a worker was replaced on the way, it is asked again)
             return [v for values in answers for v in values] if answers is not None else self._run_env_attribute(*call)
-        self._objects.keep(self._kept(workers, answers))
+        objects = self._kept(workers, answers)
+        if objects:  # (envs with non-tensor entries)
+            self._objects.keep(objects)
         if command == "step":
             self._after_step(mask)
         else:
@@ -324,11 +326,8 @@ class ParallelEnv(BatchedEnv):
     def take_posts(self) -> dict[int, dict]:
         """``{env index: dict}``: what the envs posted (see ``EnvGroup.take_posts``) since the last call, merged per
         env (a later value of a key replaces an earlier one); then forgotten."""
-        posts = self._posts
-        if not posts:  # (the common case; and no attribute is set: EnvBase.__setattr__ costs microseconds)
-            return {}
-        taken = dict(posts)
-        posts.clear()
+        taken = dict(self._posts)  # (emptied in place: setting an attribute, EnvBase.__setattr__, costs microseconds)
+        self._posts.clear()
         return taken
 
     def _run_reset(self, mask: np.ndarray | None) -> list | None:

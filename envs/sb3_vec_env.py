@@ -73,7 +73,7 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
     def reset(self) -> VecEnvObs:
         """Reset every env (with the seeds of ``seed()`` and the options of ``set_options()``, then forgotten);
         the observations, and each env's reset info in ``reset_infos``."""
-        self._check_open("reset")
+        self._check_idle("reset")
         options = [options or None for options in self._options]
         with self._closed_under("reset"):
             self._core.reset(None, list(self._seeds), options)
@@ -85,23 +85,28 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         return observations
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Check ``actions`` (``[num_envs, ...]``) and write them into the shared buffers."""
+        """Check ``actions`` (``[num_envs, ...]``), write them into the shared buffers and begin the step on the
+        workers (this process is free until ``step_wait``; no other call to the envs until then)."""
         self._check_open("step_async")
+        if self.waiting:
+            raise RuntimeError("step_async() was called while the last step was not waited for: call step_wait().")
         self._core.write_actions(actions)
+        with self._closed_under("step_async"):
+            self._core.start_step()
         self.waiting = True
 
     def step_wait(self) -> VecEnvStepReturn:
-        """Step every env with the actions of ``step_async``."""
+        """The results of the step ``step_async`` began."""
         if not self.waiting:
             raise RuntimeError("step_wait() was called with no step_async() before it.")
         self.waiting = False
         with self._closed_under("step_wait"):
-            return self._run_step()
+            return self._step_result()
 
-    def _run_step(self) -> VecEnvStepReturn:
-        """Step every env with the actions in the buffers; SB3's step results."""
+    def _step_result(self) -> VecEnvStepReturn:
+        """The step begun, finished; SB3's step results."""
         core = self._core
-        core.step()
+        core.step(started=True)
         posts = core.take_posts() or ({}, {}, {})
         done = core.done.copy()
         time_limit = (core.truncated & ~core.terminated).tolist()
@@ -132,8 +137,15 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         return [int(i) % self.num_envs for i in chosen]
 
     def _request(self, op: str, indices: Iterable[int], args: tuple = ()) -> list:
-        self._check_open(op)
+        self._check_idle(op)
         return self._core.request(op, indices, args)
+
+    def _check_idle(self, what: str) -> None:
+        """Raise unless this env is open and no step is under way (``step_async`` without its ``step_wait``)."""
+        self._check_open(what)
+        if self.waiting:
+            raise RuntimeError(f"{what}() was called between step_async() and step_wait(): the step is under way in "
+                               "the workers; call step_wait() first.")
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
         """``attr_name`` of each env (``get_wrapper_attr``: the outermost wrapper that has it)."""

@@ -27,7 +27,7 @@ from .factories import check_factory
 from .parallel import ParallelEnv
 from .platform_policy import check_start_method, split_envs
 from .shared import key_tuple, numpy_view
-from .vector_errors import TRANSLATED, ClosedUnder, SpaceMismatchError, call_result, unpickled, worker_exception
+from .vector_errors import SpaceMismatchError, call_result, unpickled, worker_exception
 from .vector_worker import FINAL, NEXT_OBS, NEXT_STEP, RESET, ROOT_OBS, STEP, WorkerFactory, travels_pickled
 
 
@@ -66,6 +66,25 @@ class EngineWorkers:
     def restarts(self) -> list[int]:
         """How many times each worker was replaced (see ``max_restarts``)."""
         return self._core.engine.restarts
+
+
+class ClosedUnder:
+    """The context of a facade's ``_closed_under`` (see :class:`EngineWorkers`; a class: a generator-made
+    context costs microseconds per step)."""
+
+    __slots__ = ("face", "what")
+
+    def __init__(self, face, what: str):
+        self.face, self.what = face, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if kind is None or not issubclass(kind, Exception) or not self.face._core.closing:
+            return False
+        raise self.face.closed_error(f"{type(self.face).__name__} was closed (from another thread or a signal "
+                                     f"handler?) while {self.what}() ran; make a new one to go on.") from None
 
 
 class EngineCore:
@@ -143,8 +162,7 @@ class EngineCore:
         waiting up to ``timeout`` s, see ``ParallelEnv.finish``); results in the buffers and the posts."""
         if not started:
             self.start_step()
-        with TRANSLATED:
-            self.engine.finish(timeout)
+        self._engine(self.engine.finish, timeout)
         reset_steps, restarts = self._stepping
         if reset_steps is not None:
             for flags in (self.reward, self.terminated, self.truncated, self.done):
@@ -160,8 +178,7 @@ class EngineCore:
         follows an episode's end (that state, reward 0, no flags)."""
         reset_steps, self._reset_steps = self._reset_steps, None
         self._stepping = (reset_steps, list(self.engine.restarts))
-        with TRANSLATED:
-            self.engine.begin("step", None if reset_steps is None else ~reset_steps)
+        self._engine(self.engine.begin, "step", None if reset_steps is None else ~reset_steps)
 
     def _take_observations(self) -> None:
         if isinstance(self.observations, PickledObservations):
@@ -174,8 +191,7 @@ class EngineCore:
         finish the reset :meth:`start_reset` started, waiting up to ``timeout`` s (see ``ParallelEnv.finish``)."""
         if not started:
             self.start_reset(mask, seeds, options)
-        with TRANSLATED:
-            self.engine.finish(timeout)
+        self._engine(self.engine.finish, timeout)
         if self._reset_steps is not None:  # a reset replaces the reset step a restart left them (see step)
             self._reset_steps = None if mask is None else self._reset_steps & ~np.asarray(mask, dtype=bool)
         self._take_observations()
@@ -187,8 +203,7 @@ class EngineCore:
         if prepared:
             self.request("prepare_reset", prepared, [(seeds[i], options[i]) for i in prepared])
         self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
-        with TRANSLATED:
-            self.engine.begin("reset", None if mask is None else np.asarray(mask, dtype=bool))
+        self._engine(self.engine.begin, "reset", None if mask is None else np.asarray(mask, dtype=bool))
 
     def take_posts(self) -> list[dict] | None:
         """``[step infos, reset infos, final observations]`` posted since the last call (see :meth:`_take`)."""
@@ -228,8 +243,7 @@ class EngineCore:
         if not started:
             self.start_request(op, indices, args)
         op, indices = self._requested
-        with TRANSLATED:
-            per_env = self.engine.finish(timeout)
+        per_env = self._engine(self.engine.finish, timeout)
         replies: list = [None] * len(indices)
         for env_replies in per_env:
             for position, *reply in env_replies:
@@ -243,8 +257,16 @@ class EngineCore:
         self._requested, requests = (op, indices), {}
         for position, i in enumerate(indices):
             requests.setdefault(i, []).append((position, op, args[position] if isinstance(args, list) else args))
-        with TRANSLATED:
-            self.engine.begin("call", call=(("serve_requests",), "call", (requests,), None))
+        self._engine(self.engine.begin, "call", call=(("serve_requests",), "call", (requests,), None))
+
+    @staticmethod
+    def _engine(method: Callable, *args, **kwargs):
+        """``method(*args, **kwargs)`` of the engine; an env's :class:`EnvWorkerError` raised as
+        :func:`~.vector_errors.worker_exception` makes it (the env's own type)."""
+        try:
+            return method(*args, **kwargs)
+        except EnvWorkerError as err:
+            raise worker_exception(err, err.original) from None
 
     # ----------------------------------------------------------------- closing
     def close(self) -> None:

@@ -1,7 +1,6 @@
 """The errors the vector facades raise in the main process: an env's exception as its own type
-(:func:`worker_exception`, raised so inside :data:`TRANSLATED`), a call's result or exception (:func:`call_result`),
-values that cannot be unpickled (:func:`unpickled`), envs whose spaces disagree (:class:`SpaceMismatchError`), and
-any error after a ``close()`` from elsewhere (:class:`ClosedUnder`)."""
+(:func:`worker_exception`), a call's result or exception (:func:`call_result`), values that cannot be unpickled
+(:func:`unpickled`), and envs whose spaces disagree (:class:`SpaceMismatchError`)."""
 from __future__ import annotations
 
 import builtins
@@ -39,43 +38,6 @@ def call_result(ok: bool, blob: bytes | None, text: str, index: int, op: str):
     if hasattr(error, "add_note"):
         error.add_note(f"(raised by env {index} in its worker process, during {op!r})\n{text.rstrip()}")
     raise error
-
-
-class ClosedUnder:
-    """The context of a facade's ``_closed_under`` (see ``vector_core.EngineWorkers``; a class: a generator-made
-    context costs microseconds per step)."""
-
-    __slots__ = ("face", "what")
-
-    def __init__(self, face, what: str):
-        self.face, self.what = face, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if kind is None or not issubclass(kind, Exception) or not self.face._core.closing:
-            return False
-        raise self.face.closed_error(f"{type(self.face).__name__} was closed (from another thread or a signal "
-                                     f"handler?) while {self.what}() ran; make a new one to go on.") from None
-
-
-class Translated:
-    """The context of the engine's calls (:data:`TRANSLATED`): an env's :class:`EnvWorkerError` raised as
-    :func:`worker_exception` makes it."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, traceback) -> bool:
-        if kind is not None and issubclass(kind, EnvWorkerError):
-            raise worker_exception(exc, exc.original) from None
-        return False
-
-
-TRANSLATED = Translated()
 
 
 # ----------------------------------------------------------------- env errors as their own type

@@ -4,6 +4,7 @@ options, images, ``VecNormalize`` / ``VecFrameStack``, dead workers; and SB3's o
 against it (``tests/sb3_suite``)."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -227,3 +228,24 @@ def test_stable_baselines3_vec_env_suite_passes(tmp_path, no_leaks):
     assert not unexpected, f"SB3's vec-env tests failing against ParallelVecEnv: {sorted(unexpected)}"
     skipped = {name.split("[")[0] for name, outcome in outcomes.items() if outcome == "skipped"}
     assert skipped <= set(runner.EXPECTED_SKIPS), skipped
+
+
+def test_step_async_begins_the_step_in_the_workers_and_step_wait_finishes_it(tmp_path, no_leaks):
+    from tests.helpers import GatedEnv, wait_for_file
+
+    gated = functools.partial(GatedEnv, str(tmp_path), at_step=1)
+    env = ParallelVecEnv([gated, gated], num_workers=2)
+    try:
+        env.reset()
+        env.step_async(np.array([1, 2]))
+        wait_for_file(str(tmp_path / "entered"))  # the workers step before step_wait: nothing of ours waits for it
+        with pytest.raises(RuntimeError, match="call step_wait"):
+            env.get_attr("count")
+        with pytest.raises(RuntimeError, match="call step_wait"):
+            env.step_async(np.array([1, 2]))
+        open(tmp_path / "open", "w").close()
+        obs, rewards, dones, _ = env.step_wait()
+        assert obs[:, :2].tolist() == [[1, 1], [1, 2]] and rewards.tolist() == [1, 2]
+        assert env.get_attr("count") == [1, 1]
+    finally:
+        env.close()
