@@ -3,8 +3,8 @@ them to its rows of the shared buffers and serves the commands of the worker pro
 ``PARTIAL_STEP``, ``SLOT_STEP``, ``ROLL``, ``RESET`` and ``CALL`` (its declared calls)."""
 from __future__ import annotations
 
-import functools
 import os
+from functools import partial
 
 import numpy as np
 import torch
@@ -117,15 +117,15 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
         recording = Recording(group, buffers[rows], channel.index)
         if channel.ready(os.getpid()):
 
-            def answer(objects: list | None) -> tuple | None:
-                """A step's or reset's answer: ``(objects, posts)`` (see ``EnvGroup``), None when both are None."""
-                posts = group.take_posts()
+            def answered(run, *args) -> tuple | None:
+                """``run(*args)`` (a step or reset), answered with ``(objects, posts)`` (see ``EnvGroup``); None when
+                both are None."""
+                objects, posts = run(*args), group.take_posts()
                 return None if objects is None and posts is None else (objects, posts)
 
-            copied = {code: functools.partial(slot_copies.step, code) for code in SLOT_STEP}
-            channel.serve({STEP: lambda: answer(group.step()), PARTIAL_STEP: lambda: answer(group.step(steps)),
-                           **{code: lambda step=step: answer(step()) for code, step in copied.items()},
-                           ROLL: recording.roll, RESET: lambda: answer(group.reset(resets))},
+            channel.serve({STEP: partial(answered, group.step), PARTIAL_STEP: partial(answered, group.step, steps),
+                           **{code: partial(answered, slot_copies.step, code) for code in SLOT_STEP},
+                           ROLL: recording.roll, RESET: partial(answered, group.reset, resets)},
                           {"set_seed": group.set_seed, "env_attribute": group.env_attribute,
                            "bind_slots": slot_copies.bind_slots,
                            "bind_rollout": recording.bind})
