@@ -194,14 +194,19 @@ def test_a_dead_worker_is_one_clear_error(no_leaks):
         env.reset()
 
 
+def step_through_a_restart(env) -> tuple:
+    """Reset ``env`` (4 envs, 2 per worker), step it, kill worker 1 and step again: that step's results."""
+    env.reset()
+    env.step([1] * 4)
+    os.kill(env.worker_pids[1], signal.SIGKILL)
+    with pytest.warns(RuntimeWarning, match="restarting worker 1"):
+        return env.step([1] * 4)
+
+
 def test_restarts_are_opt_in(no_leaks):
     env = ParallelVectorEnv(tallies(100, 100, 100, 100), envs_per_worker=2, max_restarts=1)
     try:
-        env.reset()
-        env.step([1] * 4)
-        os.kill(env.worker_pids[1], signal.SIGKILL)
-        with pytest.warns(RuntimeWarning, match="restarting worker 1"):
-            obs, _, _, truncated, _ = env.step([1] * 4)
+        obs, _, _, truncated, _ = step_through_a_restart(env)
         assert truncated.tolist() == [False, False, True, True] and obs.tolist() == [2, 2, 0, 0]
         assert env.restarts == [0, 1] and env.get_attr("limit") == (100,) * 4
         obs, rewards, *_ = env.step([1] * 4)  # NEXT_STEP: the truncated envs' reset step
@@ -216,11 +221,7 @@ def test_a_reset_after_a_restart_leaves_no_reset_step_behind(no_leaks):
     # caller makes first replaces it, and the next step steps every env
     env = ParallelVectorEnv(tallies(100, 100, 100, 100), envs_per_worker=2, max_restarts=1)
     try:
-        env.reset()
-        env.step([1] * 4)
-        os.kill(env.worker_pids[1], signal.SIGKILL)
-        with pytest.warns(RuntimeWarning, match="restarting worker 1"):
-            assert env.step([1] * 4)[3].tolist() == [False, False, True, True]
+        assert step_through_a_restart(env)[3].tolist() == [False, False, True, True]
         assert env.reset()[0].tolist() == [0, 0, 0, 0]
         obs, rewards, *_ = env.step([1] * 4)
         assert obs.tolist() == [1, 1, 1, 1] and rewards.tolist() == [1, 1, 1, 1]
