@@ -225,6 +225,10 @@ class AsyncParallelEnv(ParallelEnv):
                 "recv() their results first."
             )
 
+    def begin(self, command: str, mask: np.ndarray | None = None, call: tuple = ()) -> None:
+        self._ensure_none_in_flight(f"begin({command!r})")
+        super().begin(command, mask, call)
+
     def _run(self, fn, *args, **kwargs):
         """Every synchronous command (step, reset, rollout, set_seed) comes here: refused while workers are
         in flight; batches received and not sent back are dropped."""

@@ -120,6 +120,13 @@ class WorkerView(ParallelEnv):
     def _shutdown(self) -> None:
         pass  # the workers are the parent's
 
+    def begin(self, command: str, mask: np.ndarray | None = None, call: tuple = ()) -> None:
+        raise NotImplementedError(f"{self.owner}: begin() and finish() run on the ParallelEnv itself, not on a view "
+                                  "of some of its workers (use the parent's, with a mask for a step or reset).")
+
+    def finish(self, timeout: float | None = None) -> None:
+        self.begin("finish")
+
     def _start_again(self):
         self._check_parent()
         raise RuntimeError("this closed indexed view cannot start again: index the parent env again.")

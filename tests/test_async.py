@@ -222,3 +222,17 @@ def test_a_worker_killed_in_a_begun_step_is_replaced_within_max_restarts(no_leak
         assert env.restarts == [0, 1]
         assert env.next_buffer["truncated"].squeeze(-1).tolist() == [False, True]  # its step: restarted
         assert env.next_buffer["observation"][0, :2].tolist() == [1, 1]
+
+
+def test_begin_is_refused_on_a_view_and_while_an_async_env_has_workers_in_flight(no_leaks):
+    with ParallelEnv(2, CountingEnv) as env:
+        env.reset()
+        with pytest.raises(NotImplementedError, match="not on a view"):
+            env[0].begin("step")
+        with pytest.raises(NotImplementedError, match="not on a view"):
+            env[1:].finish()
+    with AsyncParallelEnv(2, CountingEnv, batch_workers=1) as env:
+        env.async_reset()
+        with pytest.raises(RuntimeError, match="stepping asynchronously"):
+            env.begin("reset")
+        env.recv()
