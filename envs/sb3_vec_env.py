@@ -87,9 +87,7 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
     def step_async(self, actions: np.ndarray) -> None:
         """Check ``actions`` (``[num_envs, ...]``), write them into the shared buffers and begin the step on the
         workers (this process is free until ``step_wait``; no other call to the envs until then)."""
-        self._check_open("step_async")
-        if self.waiting:
-            raise RuntimeError("step_async() was called while the last step was not waited for: call step_wait().")
+        self._check_idle("step_async")
         self._core.write_actions(actions)
         with self._closed_under("step_async"):
             self._core.start_step()
@@ -106,7 +104,7 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
     def _step_result(self) -> VecEnvStepReturn:
         """The step begun, finished; SB3's step results."""
         core = self._core
-        core.step(started=True)
+        core.finish_step()
         posts = core.take_posts() or ({}, {}, {})
         done = core.done.copy()
         time_limit = (core.truncated & ~core.terminated).tolist()

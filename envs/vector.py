@@ -182,8 +182,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """Begin :meth:`reset` on the workers and return; :meth:`reset_wait` returns its result."""
         plan = self._reset_plan(seed, options)
         self._idle("reset_async")
-        self._start("reset", lambda: self._core.start_reset(*plan),
-                    lambda timeout: self._core.reset(*plan, timeout=timeout, started=True))
+        self._start("reset", lambda: self._core.start_reset(*plan), self._core.finish_reset)
 
     def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
         """The result of the pending :meth:`reset_async`; ``multiprocessing.TimeoutError`` after ``timeout``
@@ -230,7 +229,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """Check and write ``actions``, begin the step on the workers and return; :meth:`step_wait` returns it."""
         self._idle("step_async")
         self._core.write_actions(actions)
-        self._start("step", self._core.start_step, lambda timeout: self._core.step(timeout, started=True))
+        self._start("step", self._core.start_step, self._core.finish_step)
 
     def step_wait(self, timeout: float | None = None):
         """The result of the pending :meth:`step_async`; ``multiprocessing.TimeoutError`` after ``timeout``
@@ -280,7 +279,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         self._idle("call_async")
         _check_call_name(name)
         self._start("call", lambda: self._core.start_request("call", range(self.num_envs), (name, args, kwargs)),
-                    lambda timeout: self._core.request(timeout=timeout, started=True))
+                    self._core.finish_request)
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """The result of the pending :meth:`call_async` (``multiprocessing.TimeoutError`` after ``timeout`` s)."""

@@ -114,7 +114,10 @@ class EngineCore:
         self.num_workers, self.envs_per_worker = workers, k
         self._posted: dict[int, dict] = {}  # env index -> {kind: pickled value} taken from the engine, not yet read
         self._reset_steps: np.ndarray | None = None  # see start_step
-        self._stepping: tuple = (None, [])  # the step started: (envs not stepped, the workers' restarts before it)
+        # what finish_* needs of start_*: (envs not stepped, restarts before), the reset mask, (op, indices)
+        self._stepping: tuple = (None, [])
+        self._resetting: np.ndarray | None = None
+        self._requested: tuple = ("", [])
         factories = [WorkerFactory(w * k, fns[w * k : (w + 1) * k], mode, raw_final, patch, pickled)
                      for w in range(workers)]
         try:
@@ -157,11 +160,21 @@ class EngineCore:
     def _send_actions(self, per_env: list) -> None:
         self.request("set_action", range(self.num_envs), [(action,) for action in per_env])
 
-    def step(self, timeout: float | None = None, started: bool = False) -> None:
-        """Step every env with the actions written (``started``: finish the step :meth:`start_step` started,
-        waiting up to ``timeout`` s, see ``ParallelEnv.finish``); results in the buffers and the posts."""
-        if not started:
-            self.start_step()
+    def step(self) -> None:
+        """Step every env with the actions written (:meth:`start_step`, :meth:`finish_step`): buffers and posts."""
+        self.start_step()
+        self.finish_step()
+
+    def start_step(self) -> None:
+        """Begin the step on the workers. ``NEXT_STEP``: the envs of a worker restarted during the last step (which
+        reported them truncated, in their reset state) are not stepped: their step is the reset step that follows
+        an episode's end (that state, reward 0, no flags)."""
+        reset_steps, self._reset_steps = self._reset_steps, None
+        self._stepping = (reset_steps, list(self.engine.restarts))
+        self._engine(self.engine.begin, "step", None if reset_steps is None else ~reset_steps)
+
+    def finish_step(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` s for the step :meth:`start_step` began (``ParallelEnv.finish``); take its results."""
         self._engine(self.engine.finish, timeout)
         reset_steps, restarts = self._stepping
         if reset_steps is not None:
@@ -172,38 +185,32 @@ class EngineCore:
             self._reset_steps = np.repeat(replaced, self.envs_per_worker)
         self._take_observations()
 
-    def start_step(self) -> None:
-        """Start the step (see :meth:`step`). ``NEXT_STEP``: the envs of a worker restarted during the last step
-        (which reported them truncated, in their reset state) are not stepped: their step is the reset step that
-        follows an episode's end (that state, reward 0, no flags)."""
-        reset_steps, self._reset_steps = self._reset_steps, None
-        self._stepping = (reset_steps, list(self.engine.restarts))
-        self._engine(self.engine.begin, "step", None if reset_steps is None else ~reset_steps)
-
     def _take_observations(self) -> None:
         if isinstance(self.observations, PickledObservations):
             self.observations.update(self._take(NEXT_OBS, ROOT_OBS + 1))
 
-    def reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence, timeout: float | None = None,
-              started: bool = False) -> None:
+    def reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence) -> None:
         """Reset every env (``mask`` None) or those where ``mask`` (bool ``[num_envs]``) is True; env ``i`` with
-        ``seeds[i]`` and ``options[i]`` (None: none). The observations are then in the root buffer. ``started``:
-        finish the reset :meth:`start_reset` started, waiting up to ``timeout`` s (see ``ParallelEnv.finish``)."""
-        if not started:
-            self.start_reset(mask, seeds, options)
-        self._engine(self.engine.finish, timeout)
-        if self._reset_steps is not None:  # a reset replaces the reset step a restart left them (see step)
-            self._reset_steps = None if mask is None else self._reset_steps & ~np.asarray(mask, dtype=bool)
-        self._take_observations()
+        ``seeds[i]`` and ``options[i]`` (None: none); the observations in the root buffer. Blocking: both halves."""
+        self.start_reset(mask, seeds, options)
+        self.finish_reset()
 
     def start_reset(self, mask: np.ndarray | None, seeds: Sequence, options: Sequence) -> None:
-        """Start the reset (see :meth:`reset`)."""
+        """Begin the reset on the workers (see :meth:`reset`)."""
         chosen = range(self.num_envs) if mask is None else np.flatnonzero(mask).tolist()
         prepared = [i for i in chosen if seeds[i] is not None or options[i] is not None]
         if prepared:
             self.request("prepare_reset", prepared, [(seeds[i], options[i]) for i in prepared])
         self.engine.discard_pending_resets()  # envs that ended in the last step are reset again, for real
-        self._engine(self.engine.begin, "reset", None if mask is None else np.asarray(mask, dtype=bool))
+        self._resetting = None if mask is None else np.asarray(mask, dtype=bool)
+        self._engine(self.engine.begin, "reset", self._resetting)
+
+    def finish_reset(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` s for the reset :meth:`start_reset` began (see ``ParallelEnv.finish``)."""
+        self._engine(self.engine.finish, timeout)
+        if self._reset_steps is not None:  # a reset replaces the reset step a restart left them (see start_step)
+            self._reset_steps = None if self._resetting is None else self._reset_steps & ~self._resetting
+        self._take_observations()
 
     def take_posts(self) -> list[dict] | None:
         """``[step infos, reset infos, final observations]`` posted since the last call (see :meth:`_take`)."""
@@ -234,30 +241,32 @@ class EngineCore:
         return {} if posts is None else posts[RESET]
 
     # ----------------------------------------------------------------- calls
-    def request(self, op: str = "", indices=(), args: tuple | list = (), timeout: float | None = None,
-                started: bool = False) -> list:
+    def request(self, op: str, indices, args: tuple | list = ()) -> list:
         """Run ``vector_worker.OPS[op]`` on env ``i`` for each ``i`` in ``indices`` (in that order) with ``args``
         (one tuple for all, or a list of one tuple per index); the results in the same order. An exception
-        raised by an env is raised here, with the env index and the worker's traceback in a note. ``started``:
-        finish the requests :meth:`start_request` started (no other arguments), waiting up to ``timeout`` s."""
-        if not started:
-            self.start_request(op, indices, args)
-        op, indices = self._requested
-        per_env = self._engine(self.engine.finish, timeout)
-        replies: list = [None] * len(indices)
-        for env_replies in per_env:
-            for position, *reply in env_replies:
-                replies[position] = reply
-        return [call_result(*reply, i, op) for reply, i in zip(replies, indices)]
+        raised by an env is raised here, with the env index and the worker's traceback in a note. Blocking."""
+        self.start_request(op, indices, args)
+        return self.finish_request()
 
     def start_request(self, op: str, indices, args: tuple | list = ()) -> None:
-        """Start the requests (see :meth:`request`): every env gets them all, and runs its own
+        """Begin the requests (see :meth:`request`): every env gets them all, and runs its own
         (``EngineEnv.serve_requests``)."""
         indices = [int(i) for i in indices]
         self._requested, requests = (op, indices), {}
         for position, i in enumerate(indices):
             requests.setdefault(i, []).append((position, op, args[position] if isinstance(args, list) else args))
         self._engine(self.engine.begin, "call", call=(("serve_requests",), "call", (requests,), None))
+
+    def finish_request(self, timeout: float | None = None) -> list:
+        """Wait up to ``timeout`` s for the requests :meth:`start_request` began (see ``ParallelEnv.finish``);
+        their results, in the order of its ``indices``."""
+        per_env = self._engine(self.engine.finish, timeout)
+        op, indices = self._requested
+        replies: list = [None] * len(indices)
+        for env_replies in per_env:
+            for position, *reply in env_replies:
+                replies[position] = reply
+        return [call_result(*reply, i, op) for reply, i in zip(replies, indices)]
 
     @staticmethod
     def _engine(method: Callable, *args, **kwargs):
