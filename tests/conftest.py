@@ -33,6 +33,7 @@ def live_children(process: psutil.Process | None = None) -> list[psutil.Process]
 _OUR_SEMAPHORES: set[str] = set()  # and multiprocessing.shared_memory segments
 _TRACKED = {"semaphore": "sem.", "shared_memory": ""}  # resource type -> its /dev/shm entry's prefix
 _TRACKED_PREFIXES = ("sem.", "psm_")
+_UNRELATED_PREFIX = "unrelated-"  # files ``unrelated_shm`` makes; another pytest-xdist worker's may show any time
 
 
 def _track_semaphores() -> None:
@@ -130,8 +131,8 @@ def no_leaks():
         if left:
             psutil.wait_procs(left, timeout=3)
             left = [p for p in live_children() if p.pid not in before_children]
-        new_shm = {e for e in shm_entries() - before_shm
-                   if not e.startswith(_TRACKED_PREFIXES) or e in _OUR_SEMAPHORES}
+        new_shm = {e for e in shm_entries() - before_shm if not e.startswith(_UNRELATED_PREFIX)
+                   and (not e.startswith(_TRACKED_PREFIXES) or e in _OUR_SEMAPHORES)}
         return left, {e for e in new_shm if not _made_by_another_live_process(e)}
 
     yield
@@ -172,7 +173,7 @@ def unrelated_shm():
     files, procs = [], []
 
     def make() -> set[str]:
-        names = {f"unrelated-{uuid.uuid4().hex}", f"torch_{os.getppid()}_{uuid.uuid4().int % 10**9}_1"}
+        names = {f"{_UNRELATED_PREFIX}{uuid.uuid4().hex}", f"torch_{os.getppid()}_{uuid.uuid4().int % 10**9}_1"}
         for name in names:
             with open(os.path.join("/dev/shm", name), "wb") as f:
                 f.write(b"not ours")
