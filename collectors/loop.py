@@ -10,7 +10,7 @@ done flags); time is the last batch dim.
 With a tdcollect ``BatchedEnv`` (SerialEnv / ParallelEnv) a step is lean and goes through the env's buffer
 API only: the policy reads the env's root buffer, its actions are copied into the env's action buffers, and
 the env's step buffers are copied into the storage by a :class:`~tdcollect.envs.rollout.StepRecorder`; a
-plain ``TensorDictModule`` policy (``DirectModule``) is called on the buffer tensors themselves, so no
+plain ``TensorDictModule`` policy (``UnwrappedModule``) is called on the buffer tensors themselves, so no
 TensorDict is built per step. Any other TorchRL env goes through ``step_and_maybe_reset``.
 Processes that only collect (the collector workers) pass ``inference_mode=True`` (``torch.inference_mode``,
 cheaper per op than ``torch.no_grad``).
@@ -30,7 +30,7 @@ from tdcollect.envs.rollout import StepRecorder
 from tdcollect.envs.shared import in_shared_memory
 from tdcollect.envs.values import check_finite
 
-from .policies import ActionSampler, DirectModule, RandomPolicy, policy_module
+from .policies import ActionSampler, RandomPolicy, UnwrappedModule, policy_module
 from .profiling import RolloutProfiler
 from .remote_calls import call_path, dump_env_transform, resolve
 from .stacked import reshape_leading, stack_steps, stacking_reason
@@ -77,7 +77,7 @@ class BatchLoop:
         #: batch (the storage's later steps are left as they were)
         self.interruptor, self.steps_taken = interruptor, steps
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)  # steps of each env's running trajectory
-        self.lean = isinstance(env, BatchedEnv)
+        self.buffer_path = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
         #: (key, batched shape) of each action whose spec has one shape (heterogeneous ones are left as they are)
         self._action_shapes = [(key, tuple(spec.shape)) for key, spec in env.full_action_spec.items(True, True)
@@ -88,7 +88,7 @@ class BatchLoop:
         self.root = env.reset()
         self._first = True
         if self.stacked:
-            self.lean, self.storage = False, None  # the last batch, once collected
+            self.buffer_path, self.storage = False, None  # the last batch, once collected
             return
         template = self._template()
         env_shaped = template.unsqueeze(-1).expand(*env.batch_size, steps).clone()  # [*env batch, steps]
@@ -103,8 +103,8 @@ class BatchLoop:
         self._done_leaves = done_leaves(self.storage)  # [n_envs, steps, ...] each
         if self.max_frames_per_traj:  # the step counts max_frames_per_traj writes, [n_envs, steps, 1] each
             self._step_counts = (self.storage.get("step_count"), self.storage.get(("next", "step_count")))
-        if self.lean:
-            self._prepare_lean()
+        if self.buffer_path:
+            self._prepare_buffer_path()
 
     def _template(self) -> TensorDictBase:
         """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
@@ -141,9 +141,9 @@ class BatchLoop:
         self.env.start()
         self.root = self.env.reset()
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
-        self._prepare_lean()
+        self._prepare_buffer_path()
 
-    def _prepare_lean(self) -> None:
+    def _prepare_buffer_path(self) -> None:
         env = self.env
         self._bound_root = env.root_buffer
         self.recorder = StepRecorder.of(env, self.storage)
@@ -154,9 +154,9 @@ class BatchLoop:
         self.action_keys = self.recorder.action_keys
         self.action_buffers = [buffer for _, buffer in env.action_buffers]
         self.policy_in = TensorDict({k: root.get(k) for k in self.recorder.root_keys}, batch_size=env.batch_size)
-        # a DirectModule reading root keys only is called on the root buffer's tensors
+        # a UnwrappedModule reading root keys only is called on the root buffer's tensors
         self.direct_inputs = None
-        if isinstance(self.policy, DirectModule) and set(self.policy.in_keys) <= root_set:
+        if isinstance(self.policy, UnwrappedModule) and set(self.policy.in_keys) <= root_set:
             self.direct_inputs = [root.get(k) for k in self.policy.in_keys]
         leaves = {k: self.storage.get(k) for k in self.policy_keys}
         self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
@@ -222,12 +222,12 @@ class BatchLoop:
         if self.profiler is not None:
             self.profiler.before()
         with self.grad_mode(), set_exploration_type(self.exploration_type):
-            if self.lean and (self.env.is_closed or self.env.root_buffer is not self._bound_root):
+            if self.buffer_path and (self.env.is_closed or self.env.root_buffer is not self._bound_root):
                 self._rebind()
             elif self.reset_at_each_iter and not self._first:
                 self.root = self.env.reset()
                 self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
-            step = self._lean_step if self.lean else self._stacked_step if self.stacked else self._generic_step
+            step = self._buffer_step if self.buffer_path else self._stacked_step if self.stacked else self._generic_step
             # actions drawn from the spec itself need no policy call and no check after the first step
             random = random or isinstance(self.policy, RandomPolicy)
             interruptor, self.steps_taken = self.interruptor, self.steps
@@ -249,7 +249,7 @@ class BatchLoop:
             self.post_hook(self.storage)
         return self.storage
 
-    def _lean_step(self, t: int, random: bool) -> None:
+    def _buffer_step(self, t: int, random: bool) -> None:
         env = self.env
         if random:
             out = self.random_actions.sample()  # a dict: key -> tensor
@@ -316,7 +316,7 @@ class BatchLoop:
             if flags is not None:  # (envs with nested done flags only: StepCounter truncates them alike)
                 flags[:, t][mask] = True
         reset = TensorDict({"_reset": mask.view(*self.env.batch_size, 1)}, batch_size=self.env.batch_size)
-        if self.lean:
+        if self.buffer_path:
             self.env.reset(reset)
         else:
             self.root = self.env.reset(self.root.update(reset))

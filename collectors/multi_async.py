@@ -35,7 +35,7 @@ class MultiAsyncCollector(ProcessCollector):
                              "to MultiSyncCollector only (leave it unset or 'stack').")
         self._in_flight: list[int] = []
         self._held: list[int] = []  # finished workers whose batches wait for older ones (see _next_finished)
-        self._same: dict[int, TensorDictBase] = {}
+        self._reused_batch: dict[int, TensorDictBase] = {}
         self._last_worker = 0
         super().__init__(create_env_fn, policy, frames_per_batch, total_frames, num_workers=num_workers, **kwargs)
         self._tracker = TrajectoryTracker(sum(self.envs_per_worker))
@@ -67,11 +67,11 @@ class MultiAsyncCollector(ProcessCollector):
             batch = self._pool.reply(w)
         elif self.return_same_td:
             storage = self._handshake.storages[w]
-            if w not in self._same:
-                self._same[w] = storage.clone()
+            if w not in self._reused_batch:
+                self._reused_batch[w] = storage.clone()
             else:
-                self._same[w].update_(storage.select(*self._same[w].keys(True, True), strict=False))
-            batch = self._same[w]
+                self._reused_batch[w].update_(storage.select(*self._reused_batch[w].keys(True, True), strict=False))
+            batch = self._reused_batch[w]
         else:
             batch = self._recycler.clone(self._handshake.storages[w])
         self._count_batches([w], batch.shape[-1])
@@ -111,7 +111,7 @@ class MultiAsyncCollector(ProcessCollector):
                 self._pool.reply(w)  # (dropped)
 
     def _shutdown(self) -> None:
-        self._in_flight, self._held, self._same = [], [], {}
+        self._in_flight, self._held, self._reused_batch = [], [], {}
         super()._shutdown()
 
 

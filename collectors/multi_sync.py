@@ -59,7 +59,7 @@ class MultiSyncCollector(ProcessCollector):
             raise ValueError(f"cat_results must be 'stack' or an int (the dim to concatenate along), got "
                              f"{cat_results!r}.")
         self.cat_results = "stack" if cat_results is None else cat_results
-        self._same: TensorDictBase | None = None  # the batch yielded every time with return_same_td
+        self._reused_batch: TensorDictBase | None = None  # the batch yielded every time with return_same_td
         super().__init__(create_env_fn, policy, frames_per_batch, total_frames, num_workers=num_workers, **kwargs)
 
     def _collect(self, random: bool) -> TensorDictBase:
@@ -92,11 +92,11 @@ class MultiSyncCollector(ProcessCollector):
             return torch.cat(parts, 0)
         if not self.return_same_td:
             return self._recycler.cat(parts, 0)
-        if self._same is None:
-            self._same = torch.cat(parts, 0)
+        if self._reused_batch is None:
+            self._reused_batch = torch.cat(parts, 0)
         else:  # the keys the collector adds to a batch (trajectory ids) are not the workers'
-            torch.cat(parts, 0, out=self._same.select(*parts[0].keys(True, True)))
-        return self._same
+            torch.cat(parts, 0, out=self._reused_batch.select(*parts[0].keys(True, True)))
+        return self._reused_batch
 
     def _run_preemptible(self, code: int, workers: list[int]) -> None:
         """TorchRL's preemption: once ``int(preemptive_threshold * num_workers)`` workers finished their share, the
@@ -145,5 +145,5 @@ class MultiSyncCollector(ProcessCollector):
         return torch.cat(parts, self.cat_results)
 
     def _shutdown(self) -> None:
-        self._same = None
+        self._reused_batch = None
         super()._shutdown()

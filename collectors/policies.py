@@ -57,7 +57,7 @@ class ObservationToAction(nn.Module):
         return td.set(self.out_key, self.module(td.get(self.in_key)))
 
 
-class DirectModule:
+class UnwrappedModule:
     """Runs a plain ``TensorDictModule`` by calling its inner module on the input tensors and setting the
     outputs: the same result without the per-call TensorDict machinery."""
 
@@ -168,7 +168,7 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
                   else auto_wrapped(policy, observation_spec, list(full_action_spec.keys(True, True))))
     if (type(policy) is TensorDictModule and list(policy.out_keys) == list(policy.out_keys_source)
             and policy.inplace is True):
-        policy = DirectModule(policy)
+        policy = UnwrappedModule(policy)
     elif not callable(policy):
         raise TypeError(
             f"policy must be a TensorDictModule, an nn.Module (observation -> action), a callable on a "
@@ -181,8 +181,8 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
         if isinstance(policy_module(policy), nn.Module):
             policy_module(policy).to(device)
         return OnDevice(policy, device)
-    if device is not None and not isinstance(policy, DirectModule):  # TorchRL's: its TensorDicts say the CPU
-        return OnDevice(policy, device)  # (a DirectModule sees tensors only)
+    if device is not None and not isinstance(policy, UnwrappedModule):  # TorchRL's: its TensorDicts say the CPU
+        return OnDevice(policy, device)  # (a UnwrappedModule sees tensors only)
     return policy
 
 
@@ -190,7 +190,7 @@ def policy_module(policy) -> nn.Module | None:
     """The ``nn.Module`` holding the policy's weights, if any."""
     while isinstance(policy, (OnDevice, OnOneEnv)):
         policy = policy.policy
-    if isinstance(policy, DirectModule):
+    if isinstance(policy, UnwrappedModule):
         policy = policy.td_module
     if isinstance(policy, ObservationToAction):
         policy = policy.module

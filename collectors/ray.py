@@ -46,9 +46,15 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess that 
         '(or pip install "ray>=2.60,<3").'
     ) from exc
 
-from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from tdcollect.envs.errors import (
+    EnvWorkerError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    error_report,
+    worker_error,
+)
 from tdcollect.envs.group import seed_chain
-from tdcollect.envs.protocol import error_report, worker_error
 from tdcollect.envs.specs import check_same_specs
 
 from .base import CollectorBase
@@ -63,7 +69,7 @@ class RayCollectorWorker:
     """One Ray actor: its env(s), its policy copy and its batch loop (built at the first ``collect`` or
     ``set_seed``, when the driver knows ``steps``). Ray runs ``__init__`` again, with the same arguments,
     when it restarts the actor. Every method answers ``("ok", value)`` or ``("error", report)`` (a report as
-    :func:`tdcollect.envs.protocol.error_report` makes it), so that the driver raises one clear error naming
+    :func:`tdcollect.envs.errors.error_report` makes it), so that the driver raises one clear error naming
     the actor."""
 
     def __init__(self, factory, policy_payload: bytes | None, config: dict):

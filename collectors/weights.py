@@ -68,10 +68,10 @@ class SharedWeights:
         """Make ``module`` (on the CPU) use the shared tensors themselves as its parameters."""
         self.params.to_module(module)
 
-    def pull(self, module_params: TensorDictBase, seen: int) -> int:
+    def pull(self, module_params: TensorDictBase, version_held: int) -> int:
         """Copy into ``module_params`` if a newer version was published; returns the version now held."""
         version = int(self.version)
-        if version != seen:
+        if version != version_held:
             module_params.update_(self.params)
         return version
 

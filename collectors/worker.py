@@ -230,15 +230,15 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
             loop.worker_idx = channel.index
         except BaseException as exc:  # noqa: BLE001 - reported to the main process (the env closes below)
             channel.fail_start(exc, "start-up")
-        seen = -1
+        version_held = -1
 
         def collect(random: bool) -> None:
-            nonlocal seen
+            nonlocal version_held
             if local_params is not None:
-                seen = weights.pull(local_params, seen)
+                version_held = weights.pull(local_params, version_held)
             elif weights is not None:
-                seen = int(weights.version)
-            versions[channel.index] = seen
+                version_held = int(weights.version)
+            versions[channel.index] = version_held
             config["unread"][channel.index] = 0
             batch = loop.collect(random)
             if config["steps_taken"] is not None:  # preemption: how far this worker got

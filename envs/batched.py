@@ -76,7 +76,7 @@ class BatchedEnv(Forwarding, EnvBase):
         super().__init__(batch_size=torch.Size([num_envs, *specs.batch_shape]), device=torch.device("cpu"))
         self.owner = owner or type(self).__name__  # who this env is to the user, in error messages
         self.num_envs = num_envs
-        self._elements = num_envs * specs.batch_numel
+        self._num_elements = num_envs * specs.batch_numel
         self._cast = None  # a device other than the CPU where the caller's outputs go (see ``to``)
         self.full_observation_spec = specs.observation.expand(num_envs, *specs.batch_shape)
         self.full_action_spec = specs.action.expand(num_envs, *specs.batch_shape)
@@ -108,15 +108,15 @@ class BatchedEnv(Forwarding, EnvBase):
             for key in self._cpu_action_spec.keys(True, True)
         ]
         done = self._next.get("done", None)
-        if done is not None and done.numel() == self._elements:  # one flag per element: a view, always current
-            self._next_done = done.numpy().reshape(self._elements)
+        if done is not None and done.numel() == self._num_elements:  # one flag per element: a view, always current
+            self._next_done = done.numpy().reshape(self._num_elements)
             self._done_leaves = None
         else:  # only nested done keys (e.g. one per agent group): any of them, gathered after each step
             flags = [key for key in self.done_keys if key_tuple(key)[-1] == "done"] or self.done_keys
-            self._done_leaves = [self._next.get(key).numpy().reshape(self._elements, -1) for key in flags]
-            self._next_done = np.zeros(self._elements, dtype=bool)
+            self._done_leaves = [self._next.get(key).numpy().reshape(self._num_elements, -1) for key in flags]
+            self._next_done = np.zeros(self._num_elements, dtype=bool)
         # elements that ended in the last step and whose reset observation already sits in the root buffer
-        self._pending_reset = np.zeros(self._elements, dtype=bool)
+        self._pending_reset = np.zeros(self._num_elements, dtype=bool)
         self._bind_copiers()
         self._next_batch = self._next.batch_size
         replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
@@ -129,7 +129,7 @@ class BatchedEnv(Forwarding, EnvBase):
         # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
         self._root_from_next = self._flat_keys and set(self._root.keys()) <= set(self._next.keys())
         self._next_only = [key for key in self._next.keys() if key not in self._root.keys()]  # (e.g. the reward)
-        self._used = False  # reset, stepped or seeded since this start (see update_kwargs)
+        self._touched_since_start = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
 
     def _bind_copiers(self) -> None:
@@ -162,7 +162,7 @@ class BatchedEnv(Forwarding, EnvBase):
         """Seed the envs in order, chaining seeds (see ``EnvGroup.set_seed``); return the next seed."""
         raise NotImplementedError
 
-    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None) -> list:
+    def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None) -> list:
         """``forwarding.resolve_on_env`` on every env, in env order."""
         raise NotImplementedError
 
@@ -207,8 +207,8 @@ class BatchedEnv(Forwarding, EnvBase):
         self._step_envs(mask)
 
     def _step_envs(self, mask: np.ndarray | None, keep_resets: bool = True) -> None:
-        if not self._used:  # (see update_kwargs; a module attribute: setting it every step costs more than the test)
-            self._used = True
+        if not self._touched_since_start:  # (see update_kwargs; setting it every step costs more than the test)
+            self._touched_since_start = True
         objects = self._run_step(mask)
         if objects:  # (envs with non-tensor entries)
             self._objects.keep(objects)
@@ -222,7 +222,7 @@ class BatchedEnv(Forwarding, EnvBase):
         if mask is None:
             self._pending_reset[:] = self._next_done if keep_resets else False
         else:
-            stepped = np.repeat(mask, self._elements // self.num_envs)
+            stepped = np.repeat(mask, self._num_elements // self.num_envs)
             self._pending_reset[stepped] = self._next_done[stepped]
 
     def keep_pending_resets(self) -> None:
@@ -239,8 +239,8 @@ class BatchedEnv(Forwarding, EnvBase):
     @one_thread
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs) -> TensorDictBase:
         self._ensure_open()
-        self._used = True
-        mask = None if tensordict is None else reset_mask(tensordict, self.reset_keys, self._elements)
+        self._touched_since_start = True
+        mask = None if tensordict is None else reset_mask(tensordict, self.reset_keys, self._num_elements)
         if mask is None:
             self._objects.keep(self._run_reset(None))
             self._pending_reset[:] = False
@@ -264,7 +264,7 @@ class BatchedEnv(Forwarding, EnvBase):
         return super().step(tensordict)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
+        mask = step_mask(tensordict, self.num_envs, self._num_elements, self.owner)
         self.step_in_place(tensordict, mask)
         return self._next_output(tensordict, mask)
 
@@ -298,7 +298,7 @@ class BatchedEnv(Forwarding, EnvBase):
                 if key not in skip:
                     root[key] = value
             return tensordict, plain_tensordict(root, batch, device)
-        mask = step_mask(tensordict, self.num_envs, self._elements, self.owner)
+        mask = step_mask(tensordict, self.num_envs, self._num_elements, self.owner)
         self._step_in_place(tensordict, mask)
         self._pending_reset[:] = False
         out = self._next_output(tensordict, mask)
@@ -373,7 +373,7 @@ class BatchedEnv(Forwarding, EnvBase):
         env is seeded at once through its own ``set_seed``; a gymnasium / dm_env env at its next reset. Returns
         the seed for an env created after these (as ``EnvBase.set_seed``)."""
         self._ensure_open()
-        self._used = True
+        self._touched_since_start = True
         return self._run_set_seed(None if seed is None else int(seed), static_seed)
 
     def _set_seed(self, seed: int | None) -> None:
@@ -384,7 +384,7 @@ class BatchedEnv(Forwarding, EnvBase):
         the envs are built next: at once if this env was not reset, stepped nor seeded since it started (as
         TorchRL's envs, which start lazily), else at its next start after ``close()``."""
         update_slot_kwargs(self.create_env_kwargs, kwargs, "num_workers")
-        if not self.is_closed and not self._used:
+        if not self.is_closed and not self._touched_since_start:
             self.close()
             self.start()
 

@@ -1,7 +1,10 @@
-"""The errors a batched env raises in the main process, each naming the worker and the cause."""
+"""The errors a batched env raises in the main process, each naming the worker and the cause, and how a worker's
+exception travels to it (:func:`error_report` in the worker, :func:`worker_error` in the main process)."""
 from __future__ import annotations
 
+import pickle
 import signal
+import traceback
 
 
 class WorkerError(RuntimeError):
@@ -105,3 +108,44 @@ def describe_exit(exitcode: int | None) -> str:
             name = f"signal {-exitcode}"
         return f"exit code {exitcode} (killed by {name})"
     return f"exit code {exitcode}"
+
+
+#: an exception pickled larger than this is not carried in an error report (its type, message and traceback are)
+ORIGINAL_MAX_BYTES = 1 << 20
+
+
+def pickled_exception(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, to travel to the other process; None when it cannot be (its text travels instead)."""
+    try:
+        return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - any pickling failure means the same: send the text only
+        return None
+
+
+def unpickled_exception(blob: bytes | None) -> BaseException | None:
+    """The exception :func:`pickled_exception` sent; None when there is none, or it cannot be read here (e.g. its
+    class is not importable in this process) or is not an exception."""
+    try:
+        value = pickle.loads(blob) if blob is not None else None
+    except Exception:  # noqa: BLE001 - the text is enough
+        return None
+    return value if isinstance(value, BaseException) else None
+
+
+def error_report(exc: BaseException, during: str) -> dict:
+    """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``, and ``original``:
+    the exception itself, pickled (None when it cannot be, or is larger than :data:`ORIGINAL_MAX_BYTES`), so that
+    the main process can raise the env's own exception type."""
+    original = pickled_exception(exc)
+    if original is not None and len(original) > ORIGINAL_MAX_BYTES:
+        original = None
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
+            "during": during, "original": original}
+
+
+def worker_error(w: int, report: dict) -> EnvWorkerError:
+    """The main process' exception for worker ``w``'s error report (``original``: the worker's exception
+    object, when it travelled and can be read here; else None)."""
+    error = EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
+    error.original = unpickled_exception(report.get("original"))
+    return error

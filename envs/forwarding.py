@@ -50,30 +50,30 @@ class EnvAttribute:
         return f"EnvAttribute({'.'.join(self._path)!r} on {self._env.num_envs} envs)"
 
 
-def resolve_on_env(env: Any, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None):
-    """Worker side: follow ``path`` from ``env``; ``action`` is ``"has"`` (does the attribute exist),
+def resolve_on_env(env: Any, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None):
+    """Worker side: follow ``path`` from ``env``; ``op`` is ``"has"`` (does the attribute exist),
     ``"get"`` (its value) or ``"call"`` (call it with ``args`` / ``kwargs``)."""
     obj = env
     for name in path[:-1]:
         obj = getattr(obj, name)
-    if action == "has":
+    if op == "has":
         return hasattr(obj, path[-1])
     value = getattr(obj, path[-1])
-    if action == "call" and (callable(value) or args or kwargs):
+    if op == "call" and (callable(value) or args or kwargs):
         return value(*args, **(kwargs or {}))
     return value  # calling a plain attribute without arguments reads it, as TorchRL's batched envs do
 
 
 class Forwarding:
     """What a batched env adds to forward names it lacks to its envs (see the module docstring); it needs
-    ``_ensure_open()`` and ``_run_env_attribute(path, action, args, kwargs)`` (one result per env)."""
+    ``_ensure_open()`` and ``_run_env_attribute(path, op, args, kwargs)`` (one result per env)."""
 
-    def env_attribute(self, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None) -> list:
-        """``action`` (``"has"``, ``"get"`` or ``"call"``) on the attribute ``path`` of every env; one result per
+    def env_attribute(self, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None) -> list:
+        """``op`` (``"has"``, ``"get"`` or ``"call"``) on the attribute ``path`` of every env; one result per
         env, in env order. ``env.name`` on this env returns a :class:`~tdcollect.envs.forwarding.EnvAttribute`
         that calls this."""
         self._ensure_open()
-        return self._run_env_attribute(tuple(path), action, tuple(args), kwargs)
+        return self._run_env_attribute(tuple(path), op, tuple(args), kwargs)
 
     def __getattr__(self, name: str):
         try:

@@ -98,9 +98,9 @@ class EnvGroup:
                 seed = seed_generator(seed)
         return seed
 
-    def env_attribute(self, path: tuple[str, ...], action: str, args: tuple = (), kwargs: dict | None = None) -> list:
+    def env_attribute(self, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None) -> list:
         """:func:`~tdcollect.envs.forwarding.resolve_on_env` on every env: one result per env."""
-        return [resolve_on_env(stepper.env, path, action, args, kwargs) for stepper in self.steppers]
+        return [resolve_on_env(stepper.env, path, op, args, kwargs) for stepper in self.steppers]
 
     def reset(self, mask: np.ndarray | None = None) -> list | None:
         """Reset every env (``mask is None``) or the elements where ``mask`` (bool ``[k, prod(B)]``, one row per

@@ -208,15 +208,15 @@ class ParallelEnv(BatchedEnv):
         """Begin ``command`` on the workers and return at once (the facades' ``*_async``); :meth:`finish` waits for it
         and completes it as the blocking call does: ``"step"`` as :meth:`step_buffers` (``mask``: bool ``[num_envs]``,
         the envs to step), ``"reset"`` of every env or element (``mask``: bool ``[num_envs * prod(B)]``, those to
-        reset), ``"call"`` as :meth:`env_attribute` (``call = (path, action, args, kwargs)``). Nothing else may run
+        reset), ``"call"`` as :meth:`env_attribute` (``call = (path, op, args, kwargs)``). Nothing else may run
         on this env meanwhile."""
         self._pool.check_open()
         if command not in ("step", "reset", "call"):
             raise ValueError(f"{self.owner}.begin() takes 'step', 'reset' or 'call', got {command!r}.")
         if self._begun[0] is not None:
             raise RuntimeError(f"{self.owner}: the {self._begun[0][0]} it began is not finished; call finish().")
-        if not self._used:  # (see _step_envs)
-            self._used = True
+        if not self._touched_since_start:  # (see _step_envs)
+            self._touched_since_start = True
         self._out.filled = None  # (the next outputs are copied from the buffers)
         if command == "call":
             code, workers = CALL, list(range(self.num_workers))
@@ -338,11 +338,11 @@ class ParallelEnv(BatchedEnv):
             seed = self._run(self._pool.call, "set_seed", [(seed, static_seed)], [w])[0]
         return seed
 
-    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None,
+    def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None,
                            workers=None) -> list:
         workers = list(range(self.num_workers)) if workers is None else workers
         for _ in range(2):  # a worker replaced during the call (max_restarts) answers on the second try
-            per_worker = self._run(self._pool.call, "env_attribute", [(path, action, args, kwargs)] * len(workers),
+            per_worker = self._run(self._pool.call, "env_attribute", [(path, op, args, kwargs)] * len(workers),
                                    workers)
             if per_worker is not None:
                 return [value for values in per_worker for value in values]

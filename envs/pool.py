@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from .errors import MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
+from .errors import MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of, worker_error
 from .platform_policy import GUARD_MESSAGE, resolve_spin_s
 from .preload import import_now
 from .protocol import (
@@ -40,7 +40,6 @@ from .protocol import (
     command_name,
     load_info,
     poll,
-    worker_error,
 )
 from .shared import close_unfetched_fds, in_shared_memory, reap, semaphore, unfetched_fds
 
@@ -134,7 +133,7 @@ class WorkerPool:
             try:
                 self.conns[w].send(("setup", payloads[w]))
             except _PIPE_GONE:
-                failures[w] = self._death(w, "start-up")
+                failures[w] = self._died_error(w, "start-up")
             sent[w] = unfetched_fds() - before
         for w in infos:
             if w not in failures:
@@ -220,7 +219,7 @@ class WorkerPool:
                     raise failure
             kind, value = conn.recv()
         except _PIPE_GONE:
-            raise self._death(w, during) from None
+            raise self._died_error(w, during) from None
         if kind == "error":
             raise worker_error(w, value)
         if kind != expected:
@@ -357,7 +356,7 @@ class WorkerPool:
             try:
                 kind, value = self.conns[w].recv()
             except _PIPE_GONE:  # it died between its status and its answer
-                failures[w] = self._death(w, during)
+                failures[w] = self._died_error(w, during)
                 continue
             if kind == "error":
                 failures[w] = worker_error(w, value)
@@ -396,14 +395,14 @@ class WorkerPool:
             raise RuntimeError(f"this {self.owner} was closed (from another thread?) while it waited for worker "
                                f"{w}'s {during}.")
         if self.procs[w].exitcode is not None:
-            return self._death(w, during)
+            return self._died_error(w, during)
         if time.monotonic() > deadline:
             self.procs[w].kill()
             reap(self.procs[w], 5.0)
             return WorkerTimeoutError(w, self.timeout, during)
         return None
 
-    def _death(self, w: int, during: str) -> Exception:
+    def _died_error(self, w: int, during: str) -> Exception:
         """The error for worker ``w``, found dead (or whose pipe broke: it is given a second to exit, so that
         its exit code is known)."""
         proc = self.procs[w]

@@ -72,7 +72,7 @@ Commands (``command[w] = code``, then ``wake[w]`` released)
 
 After each command the worker writes ``status[w]`` — ``OK``; ``REPLIED`` when an answer follows on the pipe
 (``("result", value)`` for ``CALL``, ``("data", value)`` for a command whose handler returned something); or
-``FAILED`` with ``("error", report)`` on the pipe (see :func:`error_report`) — and releases ``done[w]``; then it
+``FAILED`` with ``("error", report)`` on the pipe (see :func:`.errors.error_report`) — and releases ``done[w]``; then it
 waits for the next one. Exceptions raised by a command are reported and the loop goes on. So a command answers
 with data only when there is some: a ParallelEnv worker answers ``STEP``, ``PARTIAL_STEP`` and ``RESET`` with
 ``("data", (objects, posts))`` when its envs have non-tensor entries (strings, objects: no place in shared memory)
@@ -93,17 +93,15 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from .errors import EnvWorkerError
+from .errors import error_report
 
 # command codes
 STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
@@ -140,47 +138,6 @@ def dump_info(info: Any) -> bytes:
 def load_info(data: bytes) -> Any:
     """The ``info`` of :func:`dump_info`."""
     return torch.load(io.BytesIO(data), weights_only=False)
-
-
-#: an exception pickled larger than this is not carried in an error report (its type, message and traceback are)
-ORIGINAL_MAX_BYTES = 1 << 20
-
-
-def pickled_exception(exc: BaseException) -> bytes | None:
-    """``exc`` pickled, to travel to the other process; None when it cannot be (its text travels instead)."""
-    try:
-        return pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001 - any pickling failure means the same: send the text only
-        return None
-
-
-def unpickled_exception(blob: bytes | None) -> BaseException | None:
-    """The exception :func:`pickled_exception` sent; None when there is none, or it cannot be read here (e.g. its
-    class is not importable in this process) or is not an exception."""
-    try:
-        value = pickle.loads(blob) if blob is not None else None
-    except Exception:  # noqa: BLE001 - the text is enough
-        return None
-    return value if isinstance(value, BaseException) else None
-
-
-def error_report(exc: BaseException, during: str) -> dict:
-    """What a worker sends about an exception: ``type``, ``message``, ``traceback``, ``during``, and ``original``:
-    the exception itself, pickled (None when it cannot be, or is larger than :data:`ORIGINAL_MAX_BYTES`), so that
-    the main process can raise the env's own exception type."""
-    original = pickled_exception(exc)
-    if original is not None and len(original) > ORIGINAL_MAX_BYTES:
-        original = None
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc(),
-            "during": during, "original": original}
-
-
-def worker_error(w: int, report: dict) -> EnvWorkerError:
-    """The main process' exception for worker ``w``'s error report (``original``: the worker's exception
-    object, when it travelled and can be read here; else None)."""
-    error = EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
-    error.original = unpickled_exception(report.get("original"))
-    return error
 
 
 class Handshake(Protocol):

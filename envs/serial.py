@@ -81,8 +81,8 @@ class SerialEnv(BatchedEnv):
     def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
         return self._group.set_seed(seed, static_seed)
 
-    def _run_env_attribute(self, path: tuple[str, ...], action: str, args: tuple, kwargs: dict | None) -> list:
-        return self._group.env_attribute(path, action, args, kwargs)
+    def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None) -> list:
+        return self._group.env_attribute(path, op, args, kwargs)
 
     def _shutdown(self) -> None:
         self._group.close()

@@ -109,8 +109,9 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         self._mode = _MODES[self.autoreset_mode]
         self._core = EngineCore(env_fns, owner=type(self).__name__, mode=self._mode, num_workers=num_workers,
                                 envs_per_worker=envs_per_worker, start_method=context, timeout=timeout,
-                                max_restarts=max_restarts, spin_s=spin_s, raw_final=self._mode == SAME_STEP,
-                                check_values=check_values, pickled="gymnasium" if shared_memory else "any")
+                                max_restarts=max_restarts, spin_s=spin_s, check_values=check_values,
+                                pickled="gymnasium" if shared_memory else "any",
+                                post_final_observation=self._mode == SAME_STEP)
         try:
             self._set_spaces(self._core.spaces)
         except BaseException:

@@ -10,8 +10,7 @@ import types
 import gymnasium as gym
 
 from . import vector_worker
-from .errors import EnvWorkerError, SpecMismatchError, WorkerError
-from .protocol import unpickled_exception
+from .errors import EnvWorkerError, SpecMismatchError, WorkerError, unpickled_exception
 
 
 class SpaceMismatchError(SpecMismatchError, RuntimeError):

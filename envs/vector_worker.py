@@ -37,8 +37,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .errors import pickled_exception
 from .group import env_index
-from .protocol import pickled_exception
 
 SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
 #: kinds of posts (see the module docstring)
@@ -150,13 +150,13 @@ def engine_action_space(space: spaces.Space) -> tuple[spaces.Space, Callable | N
 # ----------------------------------------------------------------- the env the engine steps
 class EngineEnv(gym.Env):
     """The user's env (``self.env``) as the engine steps it, with the facade's autoreset ``mode``; posts infos
-    (``raw_final``: also the final observation of a non-Box space, as the env returned it; ``pickled``: spaces the
-    buffers cannot hold travel pickled, see the module docstring)."""
+    (``post_final_observation``: also the final observation of a non-Box space, as the env returned it;
+    ``pickled``: spaces the buffers cannot hold travel pickled, see the module docstring)."""
 
-    def __init__(self, env: gym.Env, index: int, mode: str, raw_final: bool, pickled: str | None = None):
+    def __init__(self, env: gym.Env, index: int, mode: str, post_final_observation: bool, pickled: str | None = None):
         self.env, self.index, self.mode = env, index, mode
         # a Box observation is read back from the buffers exactly; any other is posted as the env returned it
-        self.raw_final = raw_final and not isinstance(env.observation_space, spaces.Box)
+        self.post_final_observation = post_final_observation and not isinstance(env.observation_space, spaces.Box)
         self.observation_space = engine_space(env.observation_space, pickled)
         self._posts_obs = self.observation_space is PLACEHOLDER
         if travels_pickled(env.action_space, pickled):
@@ -210,7 +210,7 @@ class EngineEnv(gym.Env):
             self._post(STEP, info)
         if terminated or truncated:
             self._final = obs
-            if self.raw_final:
+            if self.post_final_observation:
                 self._post(FINAL, obs)
         return self._out(obs, NEXT_OBS), reward, terminated, truncated, _NO_INFO
 
@@ -261,10 +261,10 @@ class WorkerFactory:
     wraps it in an :class:`EngineEnv`. ``patch``: an optional function applied to each env first (module-level, so
     that it travels by reference)."""
 
-    def __init__(self, first_index: int, env_fns: Sequence[Callable], mode: str, raw_final: bool,
+    def __init__(self, first_index: int, env_fns: Sequence[Callable], mode: str, post_final_observation: bool,
                  patch: Callable | None = None, pickled: str | None = None):
-        self.first_index, self.env_fns, self.mode, self.raw_final = first_index, list(env_fns), mode, raw_final
-        self.patch, self.pickled = patch, pickled
+        self.first_index, self.env_fns, self.mode = first_index, list(env_fns), mode
+        self.post_final_observation, self.patch, self.pickled = post_final_observation, patch, pickled
 
     def __call__(self) -> EngineEnv:
         index = env_index()
@@ -274,7 +274,7 @@ class WorkerFactory:
         if not isinstance(env, gym.Env):
             raise TypeError(f"env {index}: its constructor returned {type(env).__module__}.{type(env).__name__}, "
                             "not a gymnasium.Env; the vector facades step gymnasium envs.")
-        return EngineEnv(env, index, self.mode, self.raw_final, self.pickled)
+        return EngineEnv(env, index, self.mode, self.post_final_observation, self.pickled)
 
 
 # ----------------------------------------------------------------- calls

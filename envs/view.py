@@ -90,9 +90,9 @@ class WorkerView(ParallelEnv):
 
     def _run_reset(self, mask: np.ndarray | None):
         self._check_parent()
-        parent, per_env = self.parent, self._elements // self.num_envs
-        elements = np.zeros(parent._elements, dtype=bool)
-        chosen = np.ones(self._elements, dtype=bool) if mask is None else mask
+        parent, per_env = self.parent, self._num_elements // self.num_envs
+        elements = np.zeros(parent._num_elements, dtype=bool)
+        chosen = np.ones(self._num_elements, dtype=bool) if mask is None else mask
         parent_elements = (self._rows[:, None] * per_env + np.arange(per_env)).reshape(-1)
         elements[parent_elements[chosen]] = True
         parent._objects.keep(parent._run_reset(elements))
@@ -104,10 +104,10 @@ class WorkerView(ParallelEnv):
         mine = self.workers if workers is None else [self.workers[w] for w in workers]
         return self.parent._run_set_seed(seed, static_seed, mine)
 
-    def _run_env_attribute(self, path, action, args, kwargs, workers=None):
+    def _run_env_attribute(self, path, op, args, kwargs, workers=None):
         self._check_parent()
         mine = self.workers if workers is None else [self.workers[w] for w in workers]
-        return self.parent._run_env_attribute(path, action, args, kwargs, mine)
+        return self.parent._run_env_attribute(path, op, args, kwargs, mine)
 
     @property
     def restarts(self) -> list[int]:

@@ -123,7 +123,7 @@ class WorkerRollouts:
         """Steps ``t0 .. t1 - 1`` of the rollout in the storage :meth:`storage` gave last, in spans (see the
         module docstring); then the env's buffers hold the last step, as after ``step_buffers``."""
         env = self.env
-        env._used = True  # (see BatchedEnv.update_kwargs)
+        env._touched_since_start = True  # (see BatchedEnv.update_kwargs)
         # as long as a quarter of the timeout allows at the last rollout's pace; the first spans double from one step
         span, t = (1 if self._per_step is None else self._longest(1 << 62)), t0
         while t < t1:

@@ -209,17 +209,17 @@ def test_same_seed_same_batches(no_leaks):
 
 
 def test_direct_module_path_equals_tensordict_module():
-    from tdcollect.collectors.policies import DirectModule, make_policy
+    from tdcollect.collectors.policies import UnwrappedModule, make_policy
 
     module = mlp_policy()
     policy = make_policy(module, None)
-    assert isinstance(policy, DirectModule)
+    assert isinstance(policy, UnwrappedModule)
     td = TensorDict({"observation": torch.randn(5, 4)}, [5])
     assert torch.equal(policy(td.clone())["action"], module(td.clone())["action"])
     # a module whose out keys were selected (two outputs, one kept) must not take the shortcut: it writes "a" only
     selected = TensorDictModule(TwoOutputs(), ["observation"], ["a", "b"]).select_out_keys("a")
     policy = make_policy(selected, None)
-    assert not isinstance(policy, DirectModule)
+    assert not isinstance(policy, UnwrappedModule)
     out = policy(td.clone())
     assert "a" in out.keys() and "b" not in out.keys()
 
