@@ -145,7 +145,7 @@ class BatchLoop:
 
     def _prepare_buffer_path(self) -> None:
         env = self.env
-        self._bound_root = env.root_buffer
+        self._bound_root_buffer = env.root_buffer
         self.recorder = StepRecorder.of(env, self.storage)
         root = env.root_buffer
         root_set = set(self.recorder.root_keys)
@@ -159,7 +159,7 @@ class BatchLoop:
         if isinstance(self.policy, UnwrappedModule) and set(self.policy.in_keys) <= root_set:
             self.direct_inputs = [root.get(k) for k in self.policy.in_keys]
         leaves = {k: self.storage.get(k) for k in self.policy_keys}
-        self.policy_dst = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
+        self.policy_outputs_at = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and this process' torch RNG
@@ -222,7 +222,7 @@ class BatchLoop:
         if self.profiler is not None:
             self.profiler.before()
         with self.grad_mode(), set_exploration_type(self.exploration_type):
-            if self.buffer_path and (self.env.is_closed or self.env.root_buffer is not self._bound_root):
+            if self.buffer_path and (self.env.is_closed or self.env.root_buffer is not self._bound_root_buffer):
                 self._rebind()
             elif self.reset_at_each_iter and not self._first:
                 self.root = self.env.reset()
@@ -253,7 +253,7 @@ class BatchLoop:
         env = self.env
         if random:
             out = self.random_actions.sample()  # a dict: key -> tensor
-            for dst in self.policy_dst[t]:
+            for dst in self.policy_outputs_at[t]:
                 dst.zero_()
         elif self.direct_inputs is not None:
             out = self.policy.outputs(self.direct_inputs)  # a dict: key -> tensor
@@ -268,7 +268,7 @@ class BatchLoop:
         if random:
             self.recorder.record_actions(t)
         else:
-            torch._foreach_copy_(self.policy_dst[t], [out.get(k) for k in self.policy_keys])
+            torch._foreach_copy_(self.policy_outputs_at[t], [out.get(k) for k in self.policy_keys])
         env.step_buffers()
         self.recorder.record_next(t)
         if self.max_frames_per_traj:

@@ -160,8 +160,8 @@ class AsyncParallelEnv(ParallelEnv):
     def _gather(self, workers: list[int]) -> TensorDictBase:
         """Copies of the root and next rows of ``workers``' envs, with ``"env_ids"``."""
         slices = [self._slices[w] for w in workers]
-        root = {key: _take(array, slices) for key, array, _ in self._root_arrays}
-        next_ = {key: _take(array, slices) for key, array, _ in self._next_arrays}
+        root = {key: _rows_of(array, slices) for key, array, _ in self._root_arrays}
+        next_ = {key: _rows_of(array, slices) for key, array, _ in self._next_arrays}
         k = self.envs_per_worker
         for i, w in enumerate(workers):
             if self._last_command[w] == RESET:  # nothing stepped yet: next = the reset state, reward 0
@@ -174,8 +174,8 @@ class AsyncParallelEnv(ParallelEnv):
                     else:
                         name = key if isinstance(key, str) else key[-1]
                         array[part] = restarted and name in ("done", "truncated")
-        source = _nest({key: _tensor(root[key], dtype) for key, _, dtype in self._root_arrays})
-        source["next"] = _nest({key: _tensor(next_[key], dtype) for key, _, dtype in self._next_arrays})
+        source = _nested({key: _as_tensor(root[key], dtype) for key, _, dtype in self._root_arrays})
+        source["next"] = _nested({key: _as_tensor(next_[key], dtype) for key, _, dtype in self._next_arrays})
         source["env_ids"] = torch.from_numpy(np.concatenate([np.arange(s.start, s.stop) for s in slices]))
         out = TensorDict(source, batch_size=[len(source["env_ids"])])
         if self.check_values:
@@ -237,18 +237,18 @@ class AsyncParallelEnv(ParallelEnv):
         return super()._run(fn, *args, **kwargs)
 
 
-def _take(array: np.ndarray, slices: list[slice]) -> np.ndarray:
+def _rows_of(array: np.ndarray, slices: list[slice]) -> np.ndarray:
     """A new array with the rows of ``array`` in ``slices``, in order."""
     return array[slices[0]].copy() if len(slices) == 1 else np.concatenate([array[s] for s in slices])
 
 
-def _tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def _as_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """``array`` as a tensor of ``dtype`` (numpy_view holds dtypes numpy lacks as same-size ints)."""
     tensor = torch.from_numpy(array)
     return tensor if tensor.dtype == dtype else tensor.view(dtype)
 
 
-def _nest(flat: dict) -> dict:
+def _nested(flat: dict) -> dict:
     """``{key or key tuple: tensor}`` -> nested dicts (a TensorDict source)."""
     nested: dict = {}
     for key, value in flat.items():

@@ -123,7 +123,7 @@ class BatchedEnv(Forwarding, EnvBase):
         # with only top-level keys, step and step_and_maybe_reset build their outputs without TensorDict's generic path
         self._flat_keys = (all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
                            and self._copy_next_leaves is not None)
-        self._not_carried = {"next", "_step", *replaced}
+        self._not_carried_to_next_root = {"next", "_step", *replaced}
         self._common_actions = [(key, buffer, buffer.shape, self._value_checks[key])  # see _common_step
                                 for key, buffer, _ in self._action_slots] if self._flat_keys else None
         # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
@@ -293,7 +293,7 @@ class BatchedEnv(Forwarding, EnvBase):
                     del root[key]
             else:
                 root = self._copy_root_leaves()
-            skip = self._not_carried
+            skip = self._not_carried_to_next_root
             for key, value in tensordict._tensordict.items():  # the input's other entries (e.g. a policy's outputs)
                 if key not in skip:
                     root[key] = value

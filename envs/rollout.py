@@ -11,7 +11,7 @@ from torchrl.envs import EnvBase
 
 from .shared import key_tuple, numpy_view
 
-LARGE_BYTES = 16384  # leaves of at least this many bytes per step are copied by torch, smaller ones by numpy
+TORCH_COPY_BYTES = 16384  # leaves of at least this many bytes per step are copied by torch, smaller ones by numpy
 
 
 class StepRecorder:
@@ -63,7 +63,7 @@ class _ColumnCopy:
 
     def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], tdim: int = 1):
         def large(buffer):
-            return buffer.numel() * buffer.element_size() >= LARGE_BYTES
+            return buffer.numel() * buffer.element_size() >= TORCH_COPY_BYTES
 
         self.small = [(numpy_view(dst), numpy_view(src)) for dst, src in pairs if not large(src)]
         self.large = [(dst, src) for dst, src in pairs if large(src)]

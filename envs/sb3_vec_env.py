@@ -61,7 +61,7 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         self.closed = False
         self._core = EngineCore(env_fns, owner=type(self).__name__, mode=SAME_STEP, num_workers=num_workers,
                                 envs_per_worker=envs_per_worker, start_method=start_method, timeout=timeout,
-                                max_restarts=max_restarts, spin_s=spin_s, patch=patch_env, check_values=check_values)
+                                max_restarts=max_restarts, spin_s=spin_s, wrap_env=patch_env, check_values=check_values)
         try:
             first = self._core.spaces[0]
             super().__init__(self._core.num_envs, first["observation_space"], first["action_space"])

@@ -103,7 +103,7 @@ class EngineCore:
     def __init__(self, env_fns: Sequence[Callable], *, owner: str, mode: str, num_workers: int | None = None,
                  envs_per_worker: int | None = None, start_method: str | None = None, timeout: float = 120.0,
                  max_restarts: int = 0, spin_s: float | None = None, post_final_observation: bool = False,
-                 patch: Callable | None = None, check_values: bool = False, pickled: str | None = None):
+                 wrap_env: Callable | None = None, check_values: bool = False, pickled: str | None = None):
         if isinstance(env_fns, (str, bytes)) or not isinstance(env_fns, Sequence) or not env_fns:
             raise TypeError(f"{owner} takes a non-empty list of env constructors, one per env, got {env_fns!r}.")
         fns = list(env_fns)
@@ -118,7 +118,7 @@ class EngineCore:
         self._stepping: tuple = (None, [])
         self._resetting: np.ndarray | None = None
         self._requested: tuple = ("", [])
-        factories = [WorkerFactory(w * k, fns[w * k : (w + 1) * k], mode, post_final_observation, patch, pickled)
+        factories = [WorkerFactory(w * k, fns[w * k : (w + 1) * k], mode, post_final_observation, wrap_env, pickled)
                      for w in range(workers)]
         try:
             self.engine = VectorEngine(

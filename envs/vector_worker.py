@@ -62,8 +62,8 @@ def engine_space(space: spaces.Space, pickled: str | None = None) -> spaces.Spac
     if travels_pickled(space, pickled):
         return PLACEHOLDER
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        return spaces.Dict({"obs": _relaxed(space)})
-    return _relaxed(space)
+        return spaces.Dict({"obs": _buffer_space(space)})
+    return _buffer_space(space)
 
 
 def travels_pickled(space: spaces.Space, pickled: str | None) -> bool:
@@ -74,7 +74,7 @@ def travels_pickled(space: spaces.Space, pickled: str | None) -> bool:
     if pickled is None:
         return False
     try:
-        _relaxed(space)
+        _buffer_space(space)
     except UnsupportedSpaceError:
         return pickled == "any" or _gymnasium_classes(space)
     return False
@@ -95,7 +95,7 @@ WIDENED = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtyp
            np.dtype(np.uint64): np.dtype(np.int64)}
 
 
-def _relaxed(space: spaces.Space) -> spaces.Space:
+def _buffer_space(space: spaces.Space) -> spaces.Space:
     if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
         return spaces.Box(-np.inf, np.inf, shape=space.shape, dtype=space.dtype)
     integer_spaces = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete)
@@ -108,9 +108,9 @@ def _relaxed(space: spaces.Space) -> spaces.Space:
     if isinstance(space, spaces.MultiBinary):
         return space
     if isinstance(space, spaces.Dict):
-        return spaces.Dict({key: _relaxed(sub) for key, sub in space.spaces.items()})
+        return spaces.Dict({key: _buffer_space(sub) for key, sub in space.spaces.items()})
     if isinstance(space, spaces.Tuple):
-        return spaces.Tuple([_relaxed(sub) for sub in space.spaces])
+        return spaces.Tuple([_buffer_space(sub) for sub in space.spaces])
     dynamic = isinstance(space, (spaces.Text, spaces.Sequence, spaces.Graph, spaces.OneOf))
     raise UnsupportedSpaceError(
         f"observation space {space!r} cannot be moved through shared memory"
@@ -258,19 +258,19 @@ class EngineEnv(gym.Env):
 class WorkerFactory:
     """The constructor ParallelEnv gets for a worker whose first env is env ``first_index``: builds each of the
     worker's envs from its own function of ``env_fns`` (one per env, in order; which one: ``group.env_index``) and
-    wraps it in an :class:`EngineEnv`. ``patch``: an optional function applied to each env first (module-level, so
+    wraps it in an :class:`EngineEnv`. ``wrap_env``: an optional function applied to each env first (module-level, so
     that it travels by reference)."""
 
     def __init__(self, first_index: int, env_fns: Sequence[Callable], mode: str, post_final_observation: bool,
-                 patch: Callable | None = None, pickled: str | None = None):
+                 wrap_env: Callable | None = None, pickled: str | None = None):
         self.first_index, self.env_fns, self.mode = first_index, list(env_fns), mode
-        self.post_final_observation, self.patch, self.pickled = post_final_observation, patch, pickled
+        self.post_final_observation, self.wrap_env, self.pickled = post_final_observation, wrap_env, pickled
 
     def __call__(self) -> EngineEnv:
         index = env_index()
         env = self.env_fns[index - self.first_index]()
-        if self.patch is not None:
-            env = self.patch(env)
+        if self.wrap_env is not None:
+            env = self.wrap_env(env)
         if not isinstance(env, gym.Env):
             raise TypeError(f"env {index}: its constructor returned {type(env).__module__}.{type(env).__name__}, "
                             "not a gymnasium.Env; the vector facades step gymnasium envs.")
