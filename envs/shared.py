@@ -291,24 +291,6 @@ def reap(proc, timeout: float) -> None:
             pass
 
 
-def reserve_segment(name: str, size: int, what: str) -> None:
-    """Reserve every page of the POSIX shared-memory segment ``name`` (made by ``multiprocessing.shared_memory``,
-    which maps it lazily: its first write to a page /dev/shm cannot hold would kill the process with SIGBUS);
-    :class:`SharedMemoryError` when they cannot be had."""
-    path = os.path.join(SHM_DIR, name.lstrip("/"))
-    if not os.path.exists(path):  # not a tmpfs-backed platform: nothing to reserve
-        return
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.ENOMEM):
-            raise shm_error(size, what) from None
-        raise
-    finally:
-        os.close(fd)
-
-
 class BufferViews:
     """Views over a ``[k]`` slice of the buffers, as TensorDicts and as numpy arrays (same memory).
     ``first_index``: the index, in the batched env, of the slice's first row (error messages name envs by it)."""
