@@ -263,9 +263,10 @@ class BatchedEnv(Forwarding, EnvBase):
             return tensordict
         return super().step(tensordict)
 
+    @one_thread  # (TorchRL's TransformedEnv calls it directly)
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         mask = step_mask(tensordict, self.num_envs, self._num_elements, self.owner)
-        self.step_in_place(tensordict, mask)
+        self._step_in_place(tensordict, mask)
         return self._next_output(tensordict, mask)
 
     def _next_output(self, tensordict: TensorDictBase, mask: np.ndarray | None) -> TensorDictBase:
@@ -334,13 +335,9 @@ class BatchedEnv(Forwarding, EnvBase):
         self._step_envs(None, keep_resets)
         return True
 
-    @one_thread
-    def step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None = None) -> None:
-        """The lean step: copy the actions in (checked), step every env (or those where ``mask`` is True),
-        leave the results in the buffers."""
-        self._step_in_place(tensordict, mask)
-
     def _step_in_place(self, tensordict: TensorDictBase, mask: np.ndarray | None) -> None:
+        """Copy the actions in (checked), step every env (or those where ``mask`` is True); the results are left
+        in the buffers."""
         self._ensure_open()
         self._write_actions(tensordict)
         self._step_envs(mask)
