@@ -11,7 +11,10 @@ process it starts.
 Notes on process counts:
 
 * ``serial`` runs all envs in the calling process (``num_workers`` = 0);
-  it is the reference every other system is divided by.
+  it is the reference every other system is divided by.  It uses
+  gymnasium's default ``NEXT_STEP`` autoreset, which does not step an env on
+  the call after its episode ended; ``serial_same_step`` steps and resets it
+  in one call, as we and TorchRL do (the same work per counted step).
 * ``gym_async`` and ``sb3_subproc`` cannot place several envs in one
   worker: they always start one process per env, so their records report
   ``num_workers = num_envs`` and ``envs_per_worker = 1`` whatever worker
@@ -165,6 +168,17 @@ def run_serial(workload: str, num_envs: int, num_workers: int,
     return _run_gym_vec("serial", env, workload, num_envs, 0, steps)
 
 
+def run_serial_same_step(workload: str, num_envs: int, num_workers: int,
+                         steps: int) -> dict:
+    """``SyncVectorEnv`` with ``SAME_STEP`` autoreset: the same work per counted step as ours and TorchRL's
+    (an env that ends is stepped and reset in one call). The ``serial`` reference uses gymnasium's default
+    ``NEXT_STEP``, whose call after an episode's end resets that env without stepping it."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    env = SyncVectorEnv(_env_fns(workload, num_envs), autoreset_mode=AutoresetMode.SAME_STEP)
+    return _run_gym_vec("serial_same_step", env, workload, num_envs, 0, steps)
+
+
 def run_gym_async(workload: str, num_envs: int, num_workers: int,
                   steps: int) -> dict:
     """``AsyncVectorEnv(shared_memory=True)``: one process per env."""
@@ -257,6 +271,7 @@ def run_envpool(workload: str, num_envs: int, num_workers: int,
 
 ANCHORS = {
     "serial": run_serial,
+    "serial_same_step": run_serial_same_step,
     "gym_async": run_gym_async,
     "sb3_subproc": run_sb3_subproc,
     "torchrl_parallel": run_torchrl_parallel,

@@ -186,7 +186,7 @@ def run_startup(args) -> list[dict]:
     for workload, epw, workers in _configs(args):
         num_envs = workers * epw
         for system in args.systems:
-            if _skip_reason(system, num_envs, args, {}) or system == "serial":
+            if _skip_reason(system, num_envs, args, {}) or system in ("serial", "serial_same_step"):
                 continue
             build, first_use, close = BUILDERS[system]
             try:
