@@ -186,7 +186,8 @@ def run_startup(args) -> list[dict]:
     for workload, epw, workers in _configs(args):
         num_envs = workers * epw
         for system in args.systems:
-            if _skip_reason(system, num_envs, args, {}) or system in ("serial", "serial_same_step"):
+            # probed: the systems with a builder, but serial (it starts no process)
+            if system == "serial" or system not in BUILDERS or _skip_reason(system, num_envs, args, {}):
                 continue
             build, first_use, close = BUILDERS[system]
             try:
