@@ -154,7 +154,7 @@ class BatchLoop:
         self.action_keys = self.recorder.action_keys
         self.action_buffers = [buffer for _, buffer in env.action_buffers]
         self.policy_in = TensorDict({k: root.get(k) for k in self.recorder.root_keys}, batch_size=env.batch_size)
-        # a UnwrappedModule reading root keys only is called on the root buffer's tensors
+        # an UnwrappedModule reading root keys only is called on the root buffer's tensors
         self.direct_inputs = None
         if isinstance(self.policy, UnwrappedModule) and set(self.policy.in_keys) <= root_set:
             self.direct_inputs = [root.get(k) for k in self.policy.in_keys]

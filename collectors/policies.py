@@ -182,7 +182,7 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
             policy_module(policy).to(device)
         return OnDevice(policy, device)
     if device is not None and not isinstance(policy, UnwrappedModule):  # TorchRL's: its TensorDicts say the CPU
-        return OnDevice(policy, device)  # (a UnwrappedModule sees tensors only)
+        return OnDevice(policy, device)  # (an UnwrappedModule sees tensors only)
     return policy
 
 
