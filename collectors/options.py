@@ -8,12 +8,13 @@ checked the rest. The refused arguments, each with its reason, are in :data:`REF
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from tdcollect.envs.user_warnings import warn_caller
 
 from .trajectories import check_trajectory_options
 
@@ -153,8 +154,8 @@ def rounded_steps(frames_per_batch: int, n_envs: int, owner: str) -> int:
         raise ValueError(f"{owner}: frames_per_batch must be a positive int, got {frames_per_batch!r}.")
     steps = math.ceil(frames_per_batch / n_envs)
     if steps * n_envs != frames_per_batch:
-        warnings.warn(f"{owner}: frames_per_batch ({frames_per_batch}) is not exactly divisible by the number of "
-                      f"envs ({n_envs}); each batch holds {steps * n_envs} frames.", stacklevel=3)
+        warn_caller(f"{owner}: frames_per_batch ({frames_per_batch}) is not exactly divisible by the number of "
+                    f"envs ({n_envs}); each batch holds {steps * n_envs} frames.")
     return steps
 
 

@@ -3,10 +3,10 @@ them — ``InitTracker`` (the ``"is_init"`` entry recurrent modules read) and th
 recurrent module (their hidden states)."""
 from __future__ import annotations
 
-import warnings
-
 from torch import nn
 from torchrl.envs import EnvBase
+
+from tdcollect.envs.user_warnings import warn_caller
 
 
 def missing_transforms(env: EnvBase, policy) -> list:
@@ -36,9 +36,9 @@ def with_policy_transforms(env: EnvBase, policy, register: bool | None, owner: s
     if register is None:
         primed = [type(t).__name__ for t in missing if type(t).__name__ != "InitTracker"]
         if primed:
-            warnings.warn(f"{owner}: the env lacks transforms the policy needs ({', '.join(primed)}, InitTracker). "
-                          "From torchrl v0.15 collectors append them; pass auto_register_policy_transforms=True to "
-                          "have them appended now, or False to silence this warning.", FutureWarning, stacklevel=4)
+            warn_caller(f"{owner}: the env lacks transforms the policy needs ({', '.join(primed)}, InitTracker). "
+                        "From torchrl v0.15 collectors append them; pass auto_register_policy_transforms=True to "
+                        "have them appended now, or False to silence this warning.", FutureWarning)
         return env
     if not missing:
         return env

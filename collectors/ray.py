@@ -31,7 +31,6 @@ import logging
 import os
 import time
 import uuid
-import warnings
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -56,6 +55,7 @@ from tdcollect.envs.errors import (
 )
 from tdcollect.envs.group import seed_chain
 from tdcollect.envs.specs import check_same_specs
+from tdcollect.envs.user_warnings import warn_caller
 
 from .base import CollectorBase
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
@@ -234,8 +234,8 @@ class RayCollector(CollectorBase):
     def _start_ray(self, ray_init_kwargs: dict | None) -> None:
         if ray.is_initialized():
             if ray_init_kwargs:
-                warnings.warn(f"{OWNER}: Ray is already initialized in this process; ray_init_kwargs "
-                              f"{ray_init_kwargs} are ignored.", RuntimeWarning, stacklevel=3)
+                warn_caller(f"{OWNER}: Ray is already initialized in this process; ray_init_kwargs "
+                            f"{ray_init_kwargs} are ignored.", RuntimeWarning)
             return
         kwargs = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         kwargs.update(ray_init_kwargs or {})
@@ -248,11 +248,11 @@ class RayCollector(CollectorBase):
         for name, per_actor in (("CPU", self.num_cpus), ("GPU", self.num_gpus)):
             have, need = cluster.get(name, 0.0), per_actor * self.num_workers
             if need > have:
-                warnings.warn(
+                warn_caller(
                     f"{OWNER}: {self.num_workers} actors x {per_actor:g} {name}s need {need:g} {name}s but the "
                     f"Ray cluster has {have:g}; the actors that do not fit wait (up to timeout={self.timeout:g} "
                     f"s) for nodes to join. Ask for less per actor (e.g. num_{name.lower()}s="
-                    f"{have / self.num_workers:.2g}) to share them.", RuntimeWarning, stacklevel=4)
+                    f"{have / self.num_workers:.2g}) to share them.", RuntimeWarning)
 
     def _gather(self, refs: list, during: str) -> list:
         """The actors' answers in actor order; any failure becomes one error naming the actor (the caller
@@ -324,9 +324,8 @@ class RayCollector(CollectorBase):
 
     def _note_restart(self, w: int, info: dict) -> None:
         self._restarts[w] += 1
-        warnings.warn(f"{OWNER}: Ray restarted actor {w} (pid {self._pids[w]} -> {info['pid']} on "
-                      f"{info['node']}); its part of this batch was collected by its rebuilt envs.",
-                      RuntimeWarning, stacklevel=4)
+        warn_caller(f"{OWNER}: Ray restarted actor {w} (pid {self._pids[w]} -> {info['pid']} on "
+                    f"{info['node']}); its part of this batch was collected by its rebuilt envs.", RuntimeWarning)
         self._incarnations[w], self._pids[w] = info["incarnation"], info["pid"]
         self.nodes[w] = info["node"]
         first = sum(self.envs_per_worker[:w])

@@ -15,12 +15,11 @@ Out of the assembler (``T_i``: the length of trajectory ``i``):
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, pad
 
 from tdcollect.envs.specs import DONE_KEYS
+from tdcollect.envs.user_warnings import warn_caller
 
 from .stats import MASK_KEY, TRAJ_KEY
 
@@ -34,9 +33,9 @@ def check_trajectory_options(trajs_per_batch, trajs_per_write, traj_format, has_
             raise ValueError(f"{owner}: {name} must be a positive int (or None), got {value!r}.")
     if traj_format is None:
         if trajs_per_batch is not None and not has_replay_buffer:
-            warnings.warn(f"{owner}: trajs_per_batch is set but traj_format is not; batches are 'padded' (TorchRL's "
-                          "current default), which will change to 'cat' in torchrl v0.16. Pass "
-                          "traj_format='padded' or 'cat' to choose.", FutureWarning, stacklevel=4)
+            warn_caller(f"{owner}: trajs_per_batch is set but traj_format is not; batches are 'padded' (TorchRL's "
+                        "current default), which will change to 'cat' in torchrl v0.16. Pass "
+                        "traj_format='padded' or 'cat' to choose.", FutureWarning)
         return "padded"
     if traj_format not in ("padded", "cat"):
         raise ValueError(f"{owner}: traj_format must be 'padded' or 'cat', got {traj_format!r}.")

@@ -13,7 +13,7 @@ Layers (each module imports only modules of lower floors; ``tests/test_layers.py
     3  adapters, dm_specs, rollout, platform_policy,    the families' steppers; ParallelEnv's half of the
        handshake                                        start-up handshake
     2  protocol, shared, specs, factories, gym_io, inputs
-    1  errors, values, recycle, forwarding, preload, meltingpot_install
+    1  errors, user_warnings, values, recycle, forwarding, preload, meltingpot_install
 
 Route of one ``ParallelEnv.step`` or ``step_and_maybe_reset`` (5 of our files in this process, 3 in a worker; 6
 when it hands out an output slot): ``batched.BatchedEnv._common_step`` (the actions checked by ``inputs``'s value

@@ -28,7 +28,6 @@ so, see ``vector_worker.EngineEnv``); ``reset()`` is then only called when the m
 from __future__ import annotations
 
 import sys
-import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -56,6 +55,7 @@ from .specs import (
     observation_spec_from_space,
     reward_spec,
 )
+from .user_warnings import warn_caller
 from .values import BadValue, Guard, value_error
 
 
@@ -400,11 +400,8 @@ class DmEnvStepper:
         """Seed the env before its next reset: not possible for a plain dm_env env (warns once)."""
         if not self._warned_seed:
             self._warned_seed = True
-            warnings.warn(
-                f"{type(self.env).__name__} is a dm_env.Environment, which has no seeding call: the seed "
-                "is ignored.",
-                stacklevel=3,
-            )
+            warn_caller(f"{type(self.env).__name__} is a dm_env.Environment, which has no seeding call: the seed "
+                        "is ignored.")
 
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:

@@ -13,6 +13,7 @@ from torchrl.envs import EnvBase
 
 from .errors import ArgumentError, ConstructorError
 from .preload import costly_imports
+from .user_warnings import warn_caller
 
 _NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot", "pettingzoo")
 
@@ -183,12 +184,21 @@ IGNORED_TORCHRL_OPTIONS = frozenset({
 })
 
 
-def check_torchrl_options(owner: str, device, options: dict) -> torch.device | None:
+#: ParallelEnv's arguments that no longer have an effect: name -> why (a ``FutureWarning`` when one is given)
+PARALLEL_DEPRECATED = {"pipeline": "random-action rollouts are recorded by the workers themselves"}
+
+
+def check_torchrl_options(owner: str, device, options: dict, deprecated: dict | None = None) -> torch.device | None:
     """Accept TorchRL's batched-env arguments that this package honours by construction (see
-    :data:`IGNORED_TORCHRL_OPTIONS`); raise :class:`~tdcollect.envs.errors.ArgumentError` for an unknown argument,
+    :data:`IGNORED_TORCHRL_OPTIONS`) and, with a ``FutureWarning``, the ``deprecated`` ones (name -> why; e.g.
+    :data:`PARALLEL_DEPRECATED`); raise :class:`~tdcollect.envs.errors.ArgumentError` for an unknown argument,
     ``memmap=True`` and a device this process cannot use. Returns ``device`` as a ``torch.device`` (None: the
     CPU): where the batched env's data lives for its caller (its specs and outputs; the envs step on the CPU)."""
-    unknown = sorted(set(options) - IGNORED_TORCHRL_OPTIONS)
+    deprecated = deprecated or {}
+    unknown = sorted(set(options) - IGNORED_TORCHRL_OPTIONS - deprecated.keys())
+    for name, why in deprecated.items():
+        if options.get(name) is not None:
+            warn_caller(f"{owner}({name}=...) has no effect and will be removed: {why}.", FutureWarning)
     if unknown:
         raise ArgumentError(f"{owner} got unexpected keyword arguments {unknown}.")
     if options.get("memmap"):

@@ -11,7 +11,6 @@ Back: copies of the buffers (``copier``, ``leaf_copier``: the caller's own tenso
 from __future__ import annotations
 
 import functools
-import warnings
 
 import numpy as np
 import torch
@@ -19,6 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 
 from .recycle import Recycler, numpy_of
+from .user_warnings import warn_caller
 
 #: ``check_actions`` -> (the values checked, whether one outside the spec raises). ``"spec"``: every spec's
 #: bounds; ``"finite"``: integer and one-hot ranges, floats finite (continuous bounds unchecked, as in TorchRL's
@@ -83,13 +83,13 @@ def checked_actions(tensordict: TensorDictBase, n: int, slots: list[tuple], valu
 
 
 def outside_spec(what: str, strict: bool, hint: str) -> None:
-    """Actions outside their spec: a ``ValueError`` when ``strict`` (nothing is sent), else a ``UserWarning``
-    (shown once per message) and the actions go to the envs as they are, as TorchRL sends them."""
+    """Actions outside their spec: a ``ValueError`` when ``strict`` (nothing is sent), else a ``UserWarning`` at the
+    caller's line (shown once per message and line) and the actions go to the envs as they are, as TorchRL sends
+    them."""
     if strict:
         raise ValueError(f"{what}; nothing was sent to the envs. {hint}")
-    warnings.warn(f"{what}; they were sent to the envs unchanged, as TorchRL sends them. {hint} Pass "
-                  "check_actions='raise' to refuse them (nothing is sent), or check_actions=False to skip this check.",
-                  UserWarning, stacklevel=2)
+    warn_caller(f"{what}; they were sent to the envs unchanged, as TorchRL sends them. {hint} Pass "
+                "check_actions='raise' to refuse them (nothing is sent), or check_actions=False to skip this check.")
 
 
 def entry(tensordict: TensorDictBase, key) -> torch.Tensor | None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -12,7 +11,7 @@ import torch
 from .batched import BatchedEnv
 from .env_worker import run_env_worker
 from .errors import ArgumentError, SharedMemoryError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
-from .factories import PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
+from .factories import PARALLEL_DEPRECATED, PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .handshake import BufferHandshake
 from .inputs import leaf_copier, plain_tensordict
 from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, resolve_start_method
@@ -99,13 +98,12 @@ class ParallelEnv(BatchedEnv):
         serial_for_single: bool = False,
         daemon: bool = False,
         shutdown_timeout: float = 2.0,
-        pipeline: bool | None = None,
         owner: str | None = None,
         **torchrl_options,
     ):
         exit_if_bootstrapping()
         owner = owner or type(self).__name__
-        device = check_torchrl_options(owner, device, torchrl_options)
+        device = check_torchrl_options(owner, device, torchrl_options, PARALLEL_DEPRECATED)
         fns, kwargs = constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ArgumentError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
@@ -125,9 +123,6 @@ class ParallelEnv(BatchedEnv):
         self._handshake = BufferHandshake(num_envs)
         self._pool_options = dict(start_method=method, timeout=timeout, owner=owner, spin_s=spin_s, daemon=daemon,
                                   shutdown_timeout=shutdown_timeout)
-        if pipeline is not None:
-            warnings.warn(f"{owner}(pipeline=...) has no effect and will be removed: random-action rollouts are "
-                          "recorded by the workers themselves.", FutureWarning, stacklevel=2)
         self._out = OutputSlots()  # see _run_step
         self._posts: dict[int, dict] = {}  # see take_posts
         self._begun: list[tuple | None] = [None]  # see begin (a list: setting an attribute costs microseconds)

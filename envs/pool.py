@@ -17,7 +17,6 @@ import multiprocessing
 import multiprocessing.util  # noqa: F401 - its exit hook is registered before ours (see _stop_live_pools)
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -42,6 +41,7 @@ from .protocol import (
     poll,
 )
 from .shared import close_unfetched_fds, in_shared_memory, reap, semaphore, unfetched_fds
+from .user_warnings import warn_caller
 
 _PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
 
@@ -174,8 +174,7 @@ class WorkerPool:
                 err = again
 
     def _replace(self, w: int, cause: Exception) -> None:
-        warnings.warn(f"{self.owner}: restarting worker {w} after: {str(cause).splitlines()[0]}",
-                      RuntimeWarning, stacklevel=5)
+        warn_caller(f"{self.owner}: restarting worker {w} after: {str(cause).splitlines()[0]}", RuntimeWarning)
         old, conn = self.procs[w], self.conns[w]
         if old.exitcode is None:
             old.kill()

@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from .user_warnings import warn_caller
 from .vector_core import EngineCore, EngineWorkers
 from .vector_worker import RESET, SAME_STEP, STEP
 
@@ -168,8 +168,7 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
     def get_images(self) -> Sequence[np.ndarray | None]:
         """Each env's ``render()`` frame (``render_mode="rgb_array"``; else a warning and Nones)."""
         if self.render_mode != "rgb_array":
-            warnings.warn(f"get_images() needs render_mode 'rgb_array'; the envs' render_mode is {self.render_mode!r}.",
-                          stacklevel=2)
+            warn_caller(f"get_images() needs render_mode 'rgb_array'; the envs' render_mode is {self.render_mode!r}.")
             return [None] * self.num_envs
         return self._request("render", range(self.num_envs))
 

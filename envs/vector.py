@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
+from .user_warnings import warn_caller
 from .vector_core import EngineCore, EngineWorkers
 from .vector_errors import SpaceMismatchError
 from .vector_worker import DISABLED, FINAL, NEXT_STEP, RESET, SAME_STEP, STEP
@@ -342,8 +342,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """Stop the workers and free the shared memory. A pending *_async call is waited for (up to
         ``timeout`` s) unless ``terminate``; then the workers are stopped under it."""
         if self._state is not None:
-            warnings.warn(f"Calling `close` while waiting for a pending call to `{self._state}` to complete.",
-                          stacklevel=3)
+            warn_caller(f"Calling `close` while waiting for a pending call to `{self._state}` to complete.")
             if not terminate:
                 with contextlib.suppress(Exception):  # (its result is dropped; close goes on)
                     self._finish(timeout)

@@ -4,13 +4,16 @@ import functools
 import inspect
 import re
 import sys
+import warnings
 
 import gymnasium
 import pytest
+import torch
+from torchrl.envs import StepCounter, TransformedEnv
 
 import tdcollect.envs
 from tdcollect.collectors import MultiSyncCollector
-from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs import ParallelEnv, SerialEnv, user_warnings
 from tdcollect.envs.factories import check_factory
 from tests.helpers import CountingEnv
 
@@ -170,3 +173,56 @@ def test_owner_without_a_known_signature_gets_the_constructor_only():
     from tdcollect.envs import AsyncParallelEnv
 
     inspect.signature(AsyncParallelEnv.__init__).bind("self", 4, lambda: CountingEnv(), batch_workers=2)
+
+
+# ----------------------------------------------------------------- warnings point at the caller's line
+def _pendulum():
+    return gymnasium.make("Pendulum-v1")
+
+
+def _nan_action(td):
+    return td.set("action", torch.tensor([[float("nan")], [0.0]]))
+
+
+def _located(caught, text: str) -> list[tuple[str, int]]:
+    return [(w.filename, w.lineno) for w in caught if text in str(w.message)]
+
+
+@pytest.mark.parametrize("road", ["step", "step_and_maybe_reset", "TransformedEnv.step"])
+def test_an_action_warning_points_at_the_line_that_stepped(road):
+    """Whatever road the step took through our code and TorchRL's, the warning names the caller's file and line
+    (not a line of ours), so that the user sees which of their calls sent the actions."""
+    with SerialEnv(2, _pendulum) as env:
+        stepped = TransformedEnv(env, StepCounter()) if road == "TransformedEnv.step" else env
+        step = stepped.step_and_maybe_reset if road == "step_and_maybe_reset" else stepped.step
+        td = _nan_action(stepped.reset())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            line = sys._getframe().f_lineno + 1
+            step(td)
+    assert _located(caught, "outside its spec") == [(__file__, line)]
+
+
+def test_a_deprecated_argument_warning_points_at_the_constructors_caller(no_leaks):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        env = ParallelEnv(1, _pendulum, pipeline=False)
+    env.close()
+    assert _located(caught, "pipeline=...) has no effect") == [(__file__, line)]
+    with pytest.raises(tdcollect.envs.ArgumentError, match="unexpected keyword arguments.*pipeline"):
+        SerialEnv(1, _pendulum, pipeline=False)  # a ParallelEnv argument only
+
+
+def test_warn_caller_falls_back_to_its_caller_when_every_frame_is_passed_through(monkeypatch):
+    """As in a worker process, where no frame is the user's: the warning names warn_caller's caller."""
+    every, frame = set(), sys._getframe()
+    while frame is not None:
+        every.add(frame.f_globals.get("__name__", "").split(".")[0])
+        frame = frame.f_back
+    monkeypatch.setattr(user_warnings, "PASSED_THROUGH", every)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        user_warnings.warn_caller("from nowhere of the user's")
+    assert _located(caught, "from nowhere") == [(__file__, line)]
