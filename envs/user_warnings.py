@@ -1,5 +1,5 @@
-"""Warnings that point at the user's code: :func:`warn_caller`, for every warning this package issues in the main
-process (actions outside their spec, restarted workers, deprecated arguments, ...)."""
+"""Warnings that point at the user's code: :func:`warn_caller`, for every warning this package issues (actions
+outside their spec, restarted workers, deprecated arguments, ...)."""
 from __future__ import annotations
 
 import sys
