@@ -75,11 +75,13 @@ def _time_numpy_vec(step, space, num_envs: int, steps: int):
 
 
 # --------------------------------------------------------------- builders
-def build_serial(workload: str, num_envs: int, num_workers: int = 0):
-    """gymnasium ``SyncVectorEnv`` of ``num_envs`` envs (no workers)."""
-    from gymnasium.vector import SyncVectorEnv
+def build_serial(workload: str, num_envs: int, num_workers: int = 0, same_step: bool = False):
+    """gymnasium ``SyncVectorEnv`` of ``num_envs`` envs (no workers); ``same_step``: with ``SAME_STEP`` autoreset
+    (else gymnasium's default, ``NEXT_STEP``)."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    return SyncVectorEnv(_env_fns(workload, num_envs))
+    mode = AutoresetMode.SAME_STEP if same_step else AutoresetMode.NEXT_STEP
+    return SyncVectorEnv(_env_fns(workload, num_envs), autoreset_mode=mode)
 
 
 def build_gym_async(workload: str, num_envs: int, num_workers: int = 0):
@@ -173,9 +175,7 @@ def run_serial_same_step(workload: str, num_envs: int, num_workers: int,
     """``SyncVectorEnv`` with ``SAME_STEP`` autoreset: the same work per counted step as ours and TorchRL's
     (an env that ends is stepped and reset in one call). The ``serial`` reference uses gymnasium's default
     ``NEXT_STEP``, whose call after an episode's end resets that env without stepping it."""
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
-
-    env = SyncVectorEnv(_env_fns(workload, num_envs), autoreset_mode=AutoresetMode.SAME_STEP)
+    env = build_serial(workload, num_envs, same_step=True)
     return _run_gym_vec("serial_same_step", env, workload, num_envs, 0, steps)
 
 
