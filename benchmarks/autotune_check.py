@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tdcollect.envs import ParallelEnv, autotune
-from tdcollect.envs.platform_policy import SPIN_S
+from tdcollect.envs.engine.platform_policy import SPIN_S
 
 from .workloads import WORKLOADS
 

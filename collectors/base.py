@@ -18,7 +18,7 @@ import time
 import torch
 from tensordict import TensorDictBase
 
-from tdcollect.envs.recycle import Recycler
+from tdcollect.envs.engine.recycle import Recycler
 
 from .buffer_writes import extend, write_batch
 from .options import BatchOptions, rounded_steps
@@ -41,7 +41,8 @@ class CollectorBase:
         self.split_trajs = split_trajs
         self.init_random_frames = init_random_frames or 0
         self.options = options or BatchOptions()
-        self.postproc, self.replay_buffer = self.options.postproc, self.options.replay_buffer
+        self.postproc = self.options.postproc
+        self.replay_buffer = self.options.replay_buffer
         self.storing_device = None if storing_device is None else torch.device(storing_device)
         self.progress_bar = progress_bar
         self.return_same_td = bool(return_same_td)
@@ -51,7 +52,8 @@ class CollectorBase:
         # TorchRL's attributes for compile_policy (cudagraph_policy is refused on the CPU)
         self.compiled_policy = compile_policy is not None and compile_policy is not False
         self.compiled_policy_kwargs = dict(compile_policy) if isinstance(compile_policy, dict) else {}
-        self.cudagraphed_policy, self.cudagraphed_policy_kwargs = False, {}
+        self.cudagraphed_policy = False
+        self.cudagraphed_policy_kwargs = {}
         self._assembler: TrajectoryAssembler | None = None  # with trajs_per_batch, while iterating
         #: memory for the batches, reused once the caller holds no batch over it (``tdcollect/envs/recycle.py``)
         self._recycler = Recycler()
@@ -69,7 +71,8 @@ class CollectorBase:
         self._local_version = 0  # the policy's weights version, where the collector counts it itself
         self._background: threading.Thread | None = None  # start()'s collection
         self._background_error: BaseException | None = None
-        self._running, self._stopping = threading.Event(), False
+        self._running = threading.Event()
+        self._stopping = False
         self._parked = threading.Event()  # the background collection waits in pause()
 
     steps_per_batch = staticmethod(rounded_steps)

@@ -31,7 +31,7 @@ def process_collector(args: tuple, kwargs: dict, backend, num_collectors, sync):
     else:
         fns = [create_env_fn] * (num_collectors or 1)
     if backend == "ray":
-        from .ray import RayCollector as cls
+        from .distributed.ray import RayCollector as cls
     elif sync:
         from .multi_sync import MultiSyncCollector as cls
     else:

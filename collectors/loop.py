@@ -25,10 +25,10 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdcollect.envs.batched import BatchedEnv
+from tdcollect.envs.engine.recording import StepRecorder
+from tdcollect.envs.engine.shared import in_shared_memory
+from tdcollect.envs.engine.values import check_finite
 from tdcollect.envs.inputs import COLLECTOR_ACTION_CHECKS, action_check, in_spec_shape
-from tdcollect.envs.rollout import StepRecorder
-from tdcollect.envs.shared import in_shared_memory
-from tdcollect.envs.values import check_finite
 
 from .policies import ActionSampler, RandomPolicy, UnwrappedModule, policy_module
 from .profiling import RolloutProfiler
@@ -64,18 +64,22 @@ class BatchLoop:
                 f"the env has {stacking_reason(env)}, so its batches are stacked step by step, which the collector "
                 "does for a TorchRL env with at most one batch dim, without max_frames_per_traj (append a "
                 "StepCounter transform to the env instead).")
-        self.env, self.policy, self.steps = env, policy, steps
+        self.env = env
+        self.policy = policy
+        self.steps = steps
         self.n_envs = env.batch_size.numel()
         self.reset_at_each_iter = reset_at_each_iter
         self.max_frames_per_traj = max_frames_per_traj
         self.exploration_type = exploration_type
-        self.check_actions, self.check_values = bool(check_actions), check_values
+        self.check_actions = bool(check_actions)
+        self.check_values = check_values
         #: what write_actions checks (see inputs.COLLECTOR_ACTION_CHECKS)
         self.action_check = action_check(check_actions, COLLECTOR_ACTION_CHECKS)
         self.grad_mode = torch.inference_mode if inference_mode else torch.no_grad
         #: TorchRL's interruptor (``collectors/preemption.py``): polled after each step; ``steps_taken`` of the last
         #: batch (the storage's later steps are left as they were)
-        self.interruptor, self.steps_taken = interruptor, steps
+        self.interruptor = interruptor
+        self.steps_taken = steps
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)  # steps of each env's running trajectory
         self.buffer_path = isinstance(env, BatchedEnv)
         self.random_actions = ActionSampler(env.full_action_spec)
@@ -88,7 +92,8 @@ class BatchLoop:
         self.root = env.reset()
         self._first = True
         if self.stacked:
-            self.buffer_path, self.storage = False, None  # the last batch, once collected
+            self.buffer_path = False  # the last batch, once collected
+            self.storage = None
             return
         template = self._template()
         env_shaped = template.unsqueeze(-1).expand(*env.batch_size, steps).clone()  # [*env batch, steps]
@@ -116,7 +121,8 @@ class BatchLoop:
             fake.update(probe.select(*extra).to("cpu").apply(torch.zeros_like))
         for key in self.env.action_keys:  # as TorchRL's, batches hold the actions the policy wrote, in its dtype
             try:
-                wrote, spec = probe.get(key, None), fake.get(key)
+                wrote = probe.get(key, None)
+                spec = fake.get(key)
             except RuntimeError:  # entries of heterogeneous shapes (lazily stacked) cannot be one tensor: as they are
                 continue
             if wrote is not None and wrote.dtype != spec.dtype and wrote.shape == spec.shape:
@@ -230,7 +236,8 @@ class BatchLoop:
             step = self._buffer_step if self.buffer_path else self._stacked_step if self.stacked else self._generic_step
             # actions drawn from the spec itself need no policy call and no check after the first step
             random = random or isinstance(self.policy, RandomPolicy)
-            interruptor, self.steps_taken = self.interruptor, self.steps
+            interruptor = self.interruptor
+            self.steps_taken = self.steps
             self._steps = []
             for t in range(self.steps):
                 step(t, random)

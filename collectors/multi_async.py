@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from tdcollect.envs.errors import WorkerError
-from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
+from tdcollect.envs.engine.errors import WorkerError
+from tdcollect.envs.engine.protocol import COLLECT, COLLECT_RANDOM
 
 from .multi_base import ProcessCollector
 from .stats import TrajectoryTracker
@@ -111,7 +111,9 @@ class MultiAsyncCollector(ProcessCollector):
                 self._pool.reply(w)  # (dropped)
 
     def _shutdown(self) -> None:
-        self._in_flight, self._held, self._reused_batch = [], [], {}
+        self._in_flight = []
+        self._held = []
+        self._reused_batch = {}
         super()._shutdown()
 
 

@@ -15,12 +15,12 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
-from tdcollect.envs.errors import EnvWorkerError, WorkerError
-from tdcollect.envs.group import seed_chain
-from tdcollect.envs.platform_policy import built_on_cpu, exit_if_bootstrapping, resolve_start_method
-from tdcollect.envs.pool import WorkerPool
-from tdcollect.envs.shared import in_shared_memory
-from tdcollect.envs.specs import agreed_specs
+from tdcollect.envs.engine.errors import EnvWorkerError, WorkerError
+from tdcollect.envs.engine.group import seed_chain
+from tdcollect.envs.engine.platform_policy import built_on_cpu, exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.engine.pool import WorkerPool
+from tdcollect.envs.engine.shared import in_shared_memory
+from tdcollect.envs.engine.specs import agreed_specs
 
 from .base import CollectorBase
 from .loop import DEFAULT_EXPLORATION_TYPE, loop_options
@@ -40,7 +40,9 @@ class StorageHandshake:
     ``[n_envs, T]`` must hold the same entries as the others'."""
 
     def __init__(self, frames_per_batch: int, owner: str, per_worker: bool, shares: list[int] | None = None):
-        self.frames_per_batch, self.owner, self.per_worker = frames_per_batch, owner, per_worker
+        self.frames_per_batch = frames_per_batch
+        self.owner = owner
+        self.per_worker = per_worker
         self.shares = shares  # frames per worker in one batch (sync), when given per worker
         self.envs_per_worker: list[int] = []
         self.unbatched: list[bool] = []
@@ -165,7 +167,8 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             raise ValueError(f"{owner}: preemptive_threshold stops workers inside their batch storage in shared "
                              "memory, and this env's batches are stacked step by step instead (dynamic or non-tensor "
                              "entries, see tdcollect/collectors/stacked.py): leave preemptive_threshold unset.")
-        self._worker_frames, self._worker_batches = [0] * num_workers, [0] * num_workers
+        self._worker_frames = [0] * num_workers
+        self._worker_batches = [0] * num_workers
         self._acted_versions: torch.Tensor | None = None  # the workers' versions when the last batch was taken
 
     def _recover(self, err: WorkerError) -> list[int]:
@@ -358,7 +361,8 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         return self._pool.pids
 
     def _shutdown(self) -> None:
-        pool, handshake = self.__dict__.get("_pool"), self.__dict__.get("_handshake")
+        pool = self.__dict__.get("_pool")
+        handshake = self.__dict__.get("_handshake")
         if pool is not None:
             pool.stop()
         if handshake is not None:

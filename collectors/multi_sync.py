@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from tdcollect.envs.errors import WorkerError
-from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM
+from tdcollect.envs.engine.errors import WorkerError
+from tdcollect.envs.engine.protocol import COLLECT, COLLECT_RANDOM
 
 from .multi_base import ProcessCollector
 from .preemption import steps_taken_mask
@@ -123,7 +123,8 @@ class MultiSyncCollector(ProcessCollector):
 
     def _shaped(self, batch: TensorDictBase) -> TensorDictBase:
         """``[n_envs, T]`` (all workers' envs, worker after worker) in TorchRL's layout for ``cat_results``."""
-        n, steps = self.num_workers, batch.shape[-1]
+        n = self.num_workers
+        steps = batch.shape[-1]
         envs = self.envs_per_worker
         if self.interruptor is not None and self.cat_results == "stack":  # TorchRL's mask of the steps taken
             batch.set(MASK_KEY, self._taken if self._taken is not None else torch.ones(batch.shape, dtype=torch.bool))

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tdcollect.envs.user_warnings import warn_caller
+from tdcollect.envs.engine.user_warnings import warn_caller
 
 from .trajectories import check_trajectory_options
 

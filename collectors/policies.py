@@ -51,7 +51,9 @@ class ObservationToAction(nn.Module):
 
     def __init__(self, module: nn.Module, in_key="observation", out_key="action"):
         super().__init__()
-        self.module, self.in_key, self.out_key = module, in_key, out_key
+        self.module = module
+        self.in_key = in_key
+        self.out_key = out_key
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         return td.set(self.out_key, self.module(td.get(self.in_key)))
@@ -108,7 +110,8 @@ class OnDevice:
     the TensorDicts the policy sees carry the CPU device, as TorchRL's do for an explicit policy device)."""
 
     def __init__(self, policy: Callable, device: torch.device):
-        self.policy, self.device = policy, device
+        self.policy = policy
+        self.device = device
         self._staging = None
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 from torchrl.envs import EnvBase
 
-from tdcollect.envs.user_warnings import warn_caller
+from tdcollect.envs.engine.user_warnings import warn_caller
 
 
 def missing_transforms(env: EnvBase, policy) -> list:

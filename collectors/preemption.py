@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from tdcollect.envs.shared import in_shared_memory
+from tdcollect.envs.engine.shared import in_shared_memory
 
 
 class StopFlag:

@@ -21,8 +21,10 @@ class RolloutProfiler:
     rollout), then exports the trace (Chrome format at the config's path, or to its ``on_trace_ready``)."""
 
     def __init__(self, config, worker_idx: int):
-        self.config, self.worker_idx = config, worker_idx
-        self.rollouts, self.active = 0, None
+        self.config = config
+        self.worker_idx = worker_idx
+        self.rollouts = 0
+        self.active = None
 
     def before(self) -> None:
         if self.active is None and self.rollouts == self.config.warmup_rollouts:

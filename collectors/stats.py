@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from tdcollect.envs.shared import key_tuple
-from tdcollect.envs.specs import DONE_KEYS
+from tdcollect.envs.engine.shared import key_tuple
+from tdcollect.envs.engine.specs import DONE_KEYS
 
 TRAJ_KEY = ("collector", "traj_ids")
 MASK_KEY = ("collector", "mask")  # TorchRL's flags of the steps that hold data (padded or preempted batches)
@@ -60,7 +60,8 @@ class TrajectoryTracker:
         """``rows``: the envs the batch holds, when not all of them (one worker's batch)."""
         if rows is not None and len(rows) != len(self.current):
             part = TrajectoryTracker(len(rows))
-            part.current, part.next_id = self.current[rows.start:rows.stop], self.next_id
+            part.current = self.current[rows.start:rows.stop]
+            part.next_id = self.next_id
             part.running_return = self.running_return[rows.start:rows.stop]
             part.running_length = self.running_length[rows.start:rows.stop]
             stats = part.annotate(batch, valid=valid)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase, pad
 
-from tdcollect.envs.specs import DONE_KEYS
-from tdcollect.envs.user_warnings import warn_caller
+from tdcollect.envs.engine.specs import DONE_KEYS
+from tdcollect.envs.engine.user_warnings import warn_caller
 
 from .stats import MASK_KEY, TRAJ_KEY
 

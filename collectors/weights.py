@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from tdcollect.envs.shared import in_shared_memory
+from tdcollect.envs.engine.shared import in_shared_memory
 
 from .policies import policy_module
 

@@ -17,11 +17,11 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import StackedComposite
 from torchrl.envs import EnvBase
 
-from tdcollect.envs.errors import SpecMismatchError
+from tdcollect.envs.engine.errors import SpecMismatchError
+from tdcollect.envs.engine.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
+from tdcollect.envs.engine.shared import EnvSpecs, unbufferable
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs, is_env_instance
-from tdcollect.envs.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
 from tdcollect.envs.serial import SerialEnv
-from tdcollect.envs.shared import EnvSpecs, unbufferable
 
 from .loop import BatchLoop
 from .options import compiled
@@ -32,8 +32,8 @@ from .stacked import stacking_reason
 
 def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
     """Returns ``(env, owned, unbatched)``. A batched TorchRL env (SerialEnv, ParallelEnv, torchrl's own) is used
-    as it is; any other env the engine steps (a gymnasium env, an unbatched TorchRL env, a ``dm_env`` env such as a
-    MeltingPot substrate) becomes a one-env SerialEnv, which raises a ``TypeError`` for anything else. A
+    as it is; any other env the engine steps (an env of any family in ``tdcollect.envs.libs``: a gymnasium env, an
+    unbatched TorchRL env, ...) becomes a one-env SerialEnv, which raises a ``TypeError`` for anything else. A
     callable that is not an env is called first (``owned``: the collector built it, so it closes it).
     ``unbatched``: the env has no batch dim (its batches are ``[T]`` in TorchRL's layout, not ``[1, T]``); it
     was wrapped, but when a SerialEnv's step buffers cannot hold it (:func:`fits_step_buffers`): then it is
@@ -62,7 +62,7 @@ def fits_step_buffers(env: EnvBase) -> bool:
 class CopyOfEnv:
     """A constructor that returns a copy of a TorchRL env instance (cloudpickled once, here): how the process
     collectors take an ``EnvBase`` instance, as TorchRL's do: every worker steps its own copy. Any other
-    instance (a gymnasium, ``dm_env`` or native engine object) must come as a constructor."""
+    instance (a gymnasium env, a native engine's object, ...) must come as a constructor."""
 
     def __init__(self, env: EnvBase, owner: str):
         try:

@@ -1,42 +1,27 @@
 """Batched TorchRL envs: ``SerialEnv`` (one process), ``ParallelEnv`` (worker processes, shared memory) and
-``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping); the gymnasium and SB3 faces
-(``vector.py``, ``sb3_vec_env.py``) on the same engine.
+``AsyncParallelEnv`` (the same, plus first-finished-first-served stepping).
 
-Layers (each module imports only modules of lower floors; ``tests/test_layers.py`` keeps it so)::
+The package in layers (``tests/test_layers.py`` keeps them so)::
 
-    8  vector, sb3_vec_env                              the gymnasium / SB3 faces
-    7  vector_core, async_parallel, view, tuning, demo  the faces' engine, async stepping, env[...], autotune
-    6  parallel, vector_errors                          ParallelEnv: workers, buffers, restarts; the faces' errors
-    5  serial, env_worker, vector_worker                SerialEnv; a worker's process body; the faces' envs in it
-    4  batched, pool, group, dmlab2d, dm_players,       BatchedEnv (the TorchRL face), the pool, envs in a process,
-       worker_rollout                                   rollouts the workers record
-    3  adapters, dm_specs, rollout, platform_policy,    the families' steppers; ParallelEnv's half of the
-       handshake                                        start-up handshake
-    2  protocol, shared, specs, factories, gym_io, inputs
-    1  errors, user_warnings, values, recycle, forwarding, preload, meltingpot_install
+    envs/            the TorchRL face: BatchedEnv, SerialEnv, ParallelEnv, AsyncParallelEnv, views, rollouts,
+                     what a caller's tensordict brings in, forwarding, constructors, autotune, the demo
+    envs/engine/     the worker protocol, the pool, the worker body, EnvGroup, shared buffers and the handshake,
+                     recycled memory, worker-recorded rollouts, the platform policy, preloads, errors and value
+                     checks; the Stepper / Family contract. It knows no env family and no face.
+    envs/libs/       one module per env family (gymnasium, TorchRL EnvBase, dm_env, dmlab2d, MeltingPot,
+                     PettingZoo); each defines its ``FAMILY``
+    envs/vector/     the gymnasium and SB3 faces (numpy in, numpy out) on the same engine
 
-Route of one ``ParallelEnv.step`` or ``step_and_maybe_reset`` (5 of our files in this process, 3 in a worker; 6
-when it hands out an output slot): ``batched.BatchedEnv._common_step`` (the actions checked by ``inputs``'s value
-checks, copied into the action buffer) -> ``parallel.ParallelEnv._run_step`` -> ``pool.WorkerPool.run`` (wake each
-worker, ``protocol.Wait`` for each) -> in each worker ``protocol.WorkerChannel.serve`` -> ``group.EnvGroup.step``
--> the family's stepper in ``adapters.py`` (step, auto-reset, write its rows of the shared buffers), then
-``env_worker.SlotCopies`` copies its rows of the big "next" leaves into an output slot -> back, the small leaves
-copied out with ``inputs.leaf_copier`` into ``inputs.plain_tensordict``s, the big ones handed out from the slot
-(``recycle.OutputSlots``). Inputs the common step does not take (partial steps, nested keys, locked or named
-tensordicts, actions to cast or outside their spec...) go the general way: ``inputs.checked_actions``, TorchRL's
-masks, ``EnvBase.step``. ``ParallelVectorEnv.step`` and ``ParallelVecEnv.step`` (6 of our files in this process)
-add the face and ``vector_core.EngineCore`` (actions in, observations out) in front of ``ParallelEnv.begin`` /
-``finish`` (``pool.WorkerPool.send`` / ``wait_for``, then ``BatchedEnv._after_step``; not ``inputs``), the pair
-their ``step_async`` / ``step_wait`` split (no thread: the workers step meanwhile), and
-``vector_worker.EngineEnv`` between the stepper and the user's env: its autoreset mode (``engine_autoreset``, the
-steppers' in-step reset) and its infos, posted (``EnvGroup.take_posts``: they come back with the worker's answer,
-which a worker sends only when its envs posted something). A ``ParallelEnv.rollout`` with random actions:
-``rollout.random_rollout`` ->
-``worker_rollout.WorkerRollouts`` (storage every worker maps, one ``ROLL`` per span of steps) -> in each worker
-``env_worker.Recording`` steps its envs through the span, writing each step into the storage.
+Each subpackage's docstring maps its modules. One ``ParallelEnv.step_and_maybe_reset``: ``batched.BatchedEnv``
+checks the actions (``inputs``) and copies them into the shared action buffer -> ``parallel.ParallelEnv`` ->
+``engine.pool.WorkerPool.run`` wakes each worker -> in each worker ``engine.protocol.WorkerChannel.serve`` ->
+``engine.group.EnvGroup.step`` -> each env's stepper (its family's, ``libs/``) steps it and writes its rows of the
+shared buffers -> back in this process, the outputs are built from the buffers (``inputs``, ``engine.recycle``).
 """
 from . import view  # noqa: F401 - env[...] of a ParallelEnv: view.py sets ParallelEnv.view_class
 from .async_parallel import AsyncParallelEnv
+from .engine.group import env_index
+from .engine.platform_policy import default_start_method
 from .errors import (
     ArgumentError,
     ConstructorError,
@@ -48,9 +33,7 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from .group import env_index
 from .parallel import ParallelEnv
-from .platform_policy import default_start_method
 from .serial import SerialEnv
 from .tuning import Tuning, autotune
 
@@ -76,9 +59,12 @@ __all__ = [
 
 
 def __getattr__(name):
-    # DMLab2dEnv needs the optional dmlab2d package (pip install "tdcollect[dmlab2d]"): imported on first use
+    # DMLab2dEnv needs the optional dmlab2d package (pip install "tdcollect[dmlab2d]"): imported on first use, and
+    # a missing package is said here, at the import, not at the first level built
     if name == "DMLab2dEnv":
-        from .dmlab2d import DMLab2dEnv
+        from .libs.dmlab2d import DMLab2dEnv, dmlab2d_module
+
+        dmlab2d_module()
 
         return DMLab2dEnv
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

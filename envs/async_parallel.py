@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .errors import ArgumentError, WorkerError, failures_of
+from .engine.errors import ArgumentError, WorkerError, failures_of
+from .engine.protocol import RESET, STEP
+from .engine.shared import numpy_view
+from .engine.values import check_finite
 from .inputs import value_checker
 from .parallel import ParallelEnv
-from .protocol import RESET, STEP
-from .shared import numpy_view
-from .values import check_finite
 
 
 class AsyncParallelEnv(ParallelEnv):
@@ -188,7 +188,8 @@ class AsyncParallelEnv(ParallelEnv):
         env_ids = tensordict.get("env_ids", None)
         if env_ids is None:
             raise KeyError('send() needs the "env_ids" entry of the batch recv() returned.')
-        ids, k = (env_ids if env_ids.dim() == 1 else env_ids.reshape(-1)).tolist(), self.envs_per_worker
+        ids = (env_ids if env_ids.dim() == 1 else env_ids.reshape(-1)).tolist()
+        k = self.envs_per_worker
         workers = [ids[i] // k for i in range(0, len(ids), k)]
         whole = all(0 <= w < self.num_workers and ids[i * k:(i + 1) * k] == list(range(w * k, (w + 1) * k))
                     for i, w in enumerate(workers))

@@ -28,6 +28,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
 
+from .engine.platform_policy import built_on_cpu
+from .engine.recycle import Recycler
+from .engine.shared import EnvObjects, EnvSpecs, key_tuple
+from .engine.values import check_finite
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
 from .inputs import (
@@ -41,11 +45,7 @@ from .inputs import (
     step_mask,
     value_checker,
 )
-from .platform_policy import built_on_cpu
-from .recycle import Recycler
 from .rollout import batched_rollout
-from .shared import EnvObjects, EnvSpecs, key_tuple
-from .values import check_finite
 
 
 def one_thread(method):
@@ -134,8 +134,10 @@ class BatchedEnv(Forwarding, EnvBase):
 
     def _bind_copiers(self) -> None:
         """The copies of the buffers a caller gets, on ``self._cast`` when set (see ``recycle.py``)."""
-        recycler, cast = self.recycler, self._cast
-        self._copy_root, self._copy_next = copier(self._root, recycler, cast), copier(self._next, recycler, cast)
+        recycler = self.recycler
+        cast = self._cast
+        self._copy_root = copier(self._root, recycler, cast)
+        self._copy_next = copier(self._next, recycler, cast)
         self._copy_next_leaves = leaf_copier(self._next, recycler, cast)  # the common step's (flat keys)
         self._copy_root_leaves = leaf_copier(self._root, recycler, cast)
 
@@ -286,7 +288,9 @@ class BatchedEnv(Forwarding, EnvBase):
         reset observation where an env ended, with the input's other keys carried over).
         """
         if self._common_step(tensordict, keep_resets=False):  # built without TensorDict's generic paths
-            leaves, batch, device = self._copy_next_leaves(), self._next_batch, tensordict.device  # (None or the CPU)
+            leaves = self._copy_next_leaves()  # (None or the CPU)
+            batch = self._next_batch
+            device = tensordict.device
             tensordict._tensordict["next"] = plain_tensordict(leaves, batch, device)
             if self._root_from_next and not np.count_nonzero(self._next_done):
                 root = dict(leaves)  # the step's tensors, shared
@@ -324,7 +328,8 @@ class BatchedEnv(Forwarding, EnvBase):
                 or tensordict.batch_size != self._next_batch or getattr(tensordict.device, "type", "cpu") != "cpu"
                 or tensordict.is_locked or tensordict._td_dim_names is not None or "_step" in tensordict._tensordict):
             return False
-        entries, checked = tensordict._tensordict, action_check(self.check_actions)[0] is not None
+        entries = tensordict._tensordict
+        checked = action_check(self.check_actions)[0] is not None
         values = [entries.get(key) for key, _, _, _ in actions]
         for value, (_, buffer, shape, check) in zip(values, actions):
             if (type(value) is not torch.Tensor or value.shape != shape or value.dtype != buffer.dtype
@@ -367,7 +372,7 @@ class BatchedEnv(Forwarding, EnvBase):
     def set_seed(self, seed: int | None = None, static_seed: bool = False) -> int | None:
         """Seed the envs as TorchRL's ``SerialEnv`` / ``ParallelEnv`` do: env 0 gets ``seed``, env ``i + 1`` the
         seed its predecessor returned (``seed_generator(seed)``, or the same seed with ``static_seed``). A TorchRL
-        env is seeded at once through its own ``set_seed``; a gymnasium / dm_env env at its next reset. Returns
+        env is seeded at once through its own ``set_seed``; any other env at its next reset. Returns
         the seed for an env created after these (as ``EnvBase.set_seed``)."""
         self._ensure_open()
         self._touched_since_start = True
@@ -407,7 +412,8 @@ class BatchedEnv(Forwarding, EnvBase):
         self._step_buffers = self._root = self._next = self._next_done = None
         self._copy_root = self._copy_next = self._copy_next_leaves = self._copy_root_leaves = None  # buffer views too
         self._done_leaves = None
-        self._action_slots, self._common_actions = [], None
+        self._action_slots = []
+        self._common_actions = None
         if "recycler" in self.__dict__:
             self.recycler.clear()
         gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now

@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
-import gymnasium as gym
 import torch
-from torchrl.envs import EnvBase
 
-from .errors import ArgumentError, ConstructorError
-from .preload import costly_imports
-from .user_warnings import warn_caller
-
-_NATIVE_ENV_MODULES = ("dm_env", "dmlab2d", "meltingpot", "pettingzoo")
+from . import libs
+from .engine.errors import ArgumentError, ConstructorError
+from .engine.preload import costly_imports
+from .engine.user_warnings import warn_caller
 
 
 def constructors_and_kwargs(
@@ -126,43 +122,27 @@ def _partial_expression(make: str) -> str | None:
 
 
 def _remake_expression(env: Any) -> str:
-    """An expression that builds an env like ``env``: ``gymnasium.make('<id>')`` for an env made by
-    ``gymnasium.make`` (its type is the outermost wrapper's), MeltingPot's and PettingZoo's own builders for
-    their envs, else ``<type name>(...)``."""
-    spec = getattr(env, "spec", None) if isinstance(env, gym.Env) else None
-    env_id = getattr(spec, "id", None)
-    if isinstance(env_id, str) and env_id:
-        return f"gymnasium.make({env_id!r})"
-    module = type(env).__module__ or ""
-    if module.startswith("meltingpot."):
-        return "meltingpot.substrate.build(name, roles=roles)"
-    pz_name = (getattr(env, "metadata", None) or {}).get("name") if module.startswith("pettingzoo.") else None
-    if isinstance(pz_name, str) and pz_name.isidentifier():
-        aec = isinstance(env, sys.modules["pettingzoo"].AECEnv)
-        return f"{pz_name}.{'env' if aec else 'parallel_env'}(...)"
-    return f"{type(env).__name__}(...)"
+    """An expression that builds an env like ``env``: its family's (e.g. ``gymnasium.make('<id>')``), else
+    ``<type name>(...)``."""
+    return libs.remake_expression(env) or f"{type(env).__name__}(...)"
 
 
 def is_env_instance(obj: Any) -> bool:
-    """Whether ``obj`` is an env rather than a constructor: a gymnasium or TorchRL env, an object of a native env
-    family (dm_env, dmlab2d, MeltingPot, PettingZoo), or anything else that steps and resets (not a class)."""
+    """Whether ``obj`` is an env rather than a constructor: an env object of a family (``tdcollect.envs.libs``), or
+    anything else that steps and resets (not a class)."""
     if isinstance(obj, type):
         return False
-    if isinstance(obj, (gym.Env, EnvBase)):
-        return True
-    module = type(obj).__module__ or ""
-    if module.split(".")[0] in _NATIVE_ENV_MODULES:
-        return True
-    return hasattr(obj, "step") and hasattr(obj, "reset")
+    return libs.is_env_instance(obj) or (hasattr(obj, "step") and hasattr(obj, "reset"))
 
 
 class PickledFactory:
     """A zero-argument constructor serialized with cloudpickle, so lambdas and closures defined in a
     notebook or in ``__main__`` reach workers under every start method. ``imports``: the costly modules it
-    refers to, for the pool to import once before its workers start (:func:`~tdcollect.envs.preload.costly_imports`)."""
+    refers to, for the pool to import once before its workers start
+    (:func:`~tdcollect.envs.engine.preload.costly_imports`)."""
 
     def __init__(self, fn: Callable[[], Any], owner: str, slot: str):
-        self.imports = costly_imports(fn)  # see preload.py
+        self.imports = costly_imports(fn, libs.costly_imports())  # see engine/preload.py
         try:
             self.payload = cloudpickle.dumps(fn)
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user

@@ -1,5 +1,6 @@
 """Attribute and method forwarding: ``env.some_attr`` / ``env.some_method(...)`` on a batched env reach the envs
-it runs (in its workers, or in this process), as with TorchRL's batched envs.
+it runs (in its workers, or in this process), as with TorchRL's batched envs. The envs' side is
+``engine.group.resolve_on_env``.
 
 ``env.name`` (a name the batched env itself lacks, held by its envs; ``__special__`` names never, ``_private`` ones
 only while the env is open) returns an :class:`EnvAttribute`:
@@ -13,8 +14,6 @@ Lists are per env, in env order (with ``envs_per_worker=1``, one per worker as i
 pickle, so a forwarded call is for configuration and inspection, not for the stepping loop.
 """
 from __future__ import annotations
-
-from typing import Any
 
 
 class EnvAttribute:
@@ -48,20 +47,6 @@ class EnvAttribute:
 
     def __repr__(self) -> str:
         return f"EnvAttribute({'.'.join(self._path)!r} on {self._env.num_envs} envs)"
-
-
-def resolve_on_env(env: Any, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None):
-    """Worker side: follow ``path`` from ``env``; ``op`` is ``"has"`` (does the attribute exist),
-    ``"get"`` (its value) or ``"call"`` (call it with ``args`` / ``kwargs``)."""
-    obj = env
-    for name in path[:-1]:
-        obj = getattr(obj, name)
-    if op == "has":
-        return hasattr(obj, path[-1])
-    value = getattr(obj, path[-1])
-    if op == "call" and (callable(value) or args or kwargs):
-        return value(*args, **(kwargs or {}))
-    return value  # calling a plain attribute without arguments reads it, as TorchRL's batched envs do
 
 
 class Forwarding:

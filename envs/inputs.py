@@ -17,8 +17,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 
-from .recycle import Recycler, numpy_of
-from .user_warnings import warn_caller
+from .engine.recycle import Recycler, numpy_of
+from .engine.user_warnings import warn_caller
 
 #: ``check_actions`` -> (the values checked, whether one outside the spec raises). ``"spec"``: every spec's
 #: bounds; ``"finite"``: integer and one-hot ranges, floats finite (continuous bounds unchecked, as in TorchRL's
@@ -197,7 +197,8 @@ def bounds(spec) -> str:
     n = getattr(space, "n", None)
     if n is not None:
         return f"integers in [0, {n - 1}]"
-    low, high = getattr(space, "low", None), getattr(space, "high", None)
+    low = getattr(space, "low", None)
+    high = getattr(space, "high", None)
     if low is not None:
         return f"values in [{low.min().item():g}, {high.max().item():g}]"
     return type(spec).__name__
@@ -242,7 +243,8 @@ def value_checker(spec: TensorSpec):
 
         return check_one_hot
     if isinstance(spec, Bounded) and spec.dtype in _NUMPY_DTYPES:  # BoundedContinuous / BoundedDiscrete too
-        low, high = spec.space.low.cpu().numpy(), spec.space.high.cpu().numpy()
+        low = spec.space.low.cpu().numpy()
+        high = spec.space.high.cpu().numpy()
 
         def check_bounded(value: torch.Tensor) -> bool:
             array = value.detach().numpy()

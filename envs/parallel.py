@@ -9,18 +9,26 @@ import numpy as np
 import torch
 
 from .batched import BatchedEnv
-from .env_worker import run_env_worker
-from .errors import ArgumentError, SharedMemoryError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of
+from .engine.errors import (
+    ArgumentError,
+    SharedMemoryError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    failures_of,
+)
+from .engine.handshake import BufferHandshake
+from .engine.platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, resolve_start_method
+from .engine.pool import WorkerPool
+from .engine.protocol import CALL, OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STEP
+from .engine.recycle import OutputSlots, numpy_of
+from .engine.shared import allocate_copies
+from .engine.values import check_finite
+from .engine.worker import run_env_worker
+from .engine.worker_rollout import WorkerRollouts
 from .factories import PARALLEL_DEPRECATED, PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .handshake import BufferHandshake
 from .inputs import leaf_copier, plain_tensordict
-from .platform_policy import CALLER_THREADS, built_on_cpu, exit_if_bootstrapping, resolve_start_method
-from .pool import WorkerPool
-from .protocol import CALL, OUTPUT_SLOTS, PARTIAL_STEP, RESET, SLOT_STEP, STEP
-from .recycle import OutputSlots, numpy_of
-from .shared import allocate_copies
-from .values import check_finite
-from .worker_rollout import WorkerRollouts
+from .libs import registered
 
 
 class ParallelEnv(BatchedEnv):
@@ -111,14 +119,17 @@ class ParallelEnv(BatchedEnv):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ArgumentError(f"{owner}: {name} must be an int >= 1, got {value!r}.")
         method = resolve_start_method(mp_start_method)
-        self.create_env_fn, self.create_env_kwargs = fns, kwargs
+        self.create_env_fn = fns
+        self.create_env_kwargs = kwargs
         self.num_workers = num_workers
         self.envs_per_worker = envs_per_worker
         self.start_method = self._mp_start_method = method
         self.timeout = float(timeout)
         self.max_restarts = int(max_restarts)
-        self.num_threads, self.num_sub_threads = num_threads, num_sub_threads
-        self.serial_for_single, self.daemon = serial_for_single, daemon
+        self.num_threads = num_threads
+        self.num_sub_threads = num_sub_threads
+        self.serial_for_single = serial_for_single
+        self.daemon = daemon
         num_envs = num_workers * envs_per_worker
         self._handshake = BufferHandshake(num_envs)
         self._pool_options = dict(start_method=method, timeout=timeout, owner=owner, spin_s=spin_s, daemon=daemon,
@@ -141,10 +152,12 @@ class ParallelEnv(BatchedEnv):
         leaves the shared buffers and the reset mask in ``_handshake``. As TorchRL's ParallelEnv, this process
         then runs ``num_threads`` torch threads (default: its current count less one per worker, at least 1),
         given back when the workers stop."""
-        owner, k = self._pool_options["owner"], self.envs_per_worker
+        owner = self._pool_options["owner"]
+        k = self.envs_per_worker
         pickled = [PickledFactory(fn, owner, f"worker {w}")
                    for w, fn in enumerate(bind_kwargs(self.create_env_fn, self.create_env_kwargs))]
-        args = [(factory, k, w * k, self.num_sub_threads) for w, factory in enumerate(pickled)]
+        families = registered()
+        args = [(factory, k, w * k, families, self.num_sub_threads) for w, factory in enumerate(pickled)]
         try:
             self._pool = WorkerPool(run_env_worker, args, handshake=self._handshake,
                                     preload=set().union(*(f.imports for f in pickled)), **self._pool_options)
@@ -214,7 +227,8 @@ class ParallelEnv(BatchedEnv):
             self._touched_since_start = True
         self._out.filled = None  # (the next outputs are copied from the buffers)
         if command == "call":
-            code, workers = CALL, list(range(self.num_workers))
+            code = CALL
+            workers = list(range(self.num_workers))
             self._pool.call("env_attribute", [call] * len(workers), workers, wait=False)
         else:
             code, workers = self._command(command, mask)
@@ -250,7 +264,8 @@ class ParallelEnv(BatchedEnv):
         frames), the copiers of the next buffer hand out the slot the step filled (and note that the outputs are
         wanted: the next step fills a slot). Other envs (small leaves only) keep the plain copiers."""
         super()._bind_copiers()
-        out, copy_leaves = self._out, self._copy_next_leaves
+        out = self._out
+        copy_leaves = self._copy_next_leaves
         if out is None or copy_leaves is None or self._cast is not None:  # (a view: no slots of its own)
             return
         out.keys = [key for key, value in self._next.items()  # (all top-level tensors: copy_leaves exists)
@@ -280,7 +295,8 @@ class ParallelEnv(BatchedEnv):
     def _make_slots(self) -> None:
         """Output slots in shared memory for the leaves ``_out.keys`` (none when ``/dev/shm`` cannot hold them: the
         outputs are then copied)."""
-        out, big = self._out, self._out.keys
+        out = self._out
+        big = self._out.keys
         out.forget()  # (older slots, e.g. before a fork, are never filled again)
         out.made = True
         if not self._flat_keys:
@@ -309,7 +325,8 @@ class ParallelEnv(BatchedEnv):
     def _kept(self, workers: list[int], answers: list | None) -> list | None:
         if not answers:  # (the common case: no worker answered)
             return None
-        k, objects = self.envs_per_worker, []
+        k = self.envs_per_worker
+        objects = []
         for w, answer in zip(workers, answers):
             if answer is not None:
                 entries, posts = answer

@@ -6,11 +6,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .batched import BatchedEnv
+from .engine.group import EnvGroup
+from .engine.platform_policy import built_on_cpu
+from .engine.shared import allocate_buffers
+from .engine.specs import check_same_specs
 from .factories import bind_kwargs, check_torchrl_options, constructors_and_kwargs
-from .group import EnvGroup
-from .platform_policy import built_on_cpu
-from .shared import allocate_buffers
-from .specs import check_same_specs
+from .libs import registered
 
 #: TorchRL arguments about processes, which a SerialEnv has none of
 _SERIAL_NO_OPS = frozenset({"mp_start_method", "num_threads", "num_sub_threads", "serial_for_single", "daemon",
@@ -52,7 +53,7 @@ class SerialEnv(BatchedEnv):
         self.create_env_fn, self.create_env_kwargs = constructors_and_kwargs(
             create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
         self.num_workers = num_envs
-        self._group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner=owner)
+        self._group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner, registered())
         buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
         self._group.bind(buffers)
         super().__init__(self._group.specs, num_envs, buffers, check_actions=check_actions, owner=owner,
@@ -60,7 +61,7 @@ class SerialEnv(BatchedEnv):
         self.check_values = bool(check_values)
 
     def _start_again(self):
-        group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner=self.owner)
+        group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), self.owner, registered())
         try:
             check_same_specs({"the first start's envs": self._env_specs, "the restarted envs": group.specs},
                              "Constructors must build the same envs every time.")

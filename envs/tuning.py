@@ -30,9 +30,9 @@ from functools import partial
 
 import torch
 
-from .errors import ArgumentError
+from .engine.errors import ArgumentError
+from .engine.platform_policy import SPIN_S, caller_threads, usable_cores
 from .parallel import ParallelEnv
-from .platform_policy import SPIN_S, caller_threads, usable_cores
 from .serial import SerialEnv
 
 KEEP = 0.75  #: the screened splits within this fraction of the best go on to the final phase
@@ -40,7 +40,8 @@ MAX_CONTENDERS = 3  #: at most this many splits go on to the final phase
 SCREENING_SHARE = 0.5  #: of the budget, for the screening
 MIN_SLICE_S = 0.2  #: the shortest screening timing of one configuration
 CHUNK_S = 0.1  #: a chunk's length in time, about (its steps are fixed per env when the env starts) ...
-MIN_CHUNK, MAX_CHUNK = 32, 200  #: ... within these steps (a rollout call costs ~2 ms of its own on 2 cores)
+MIN_CHUNK = 32  #: ... within these steps (a rollout call costs ~2 ms of its own on 2 cores)
+MAX_CHUNK = 200
 MAX_CHUNK_BYTES = 64 << 20  #: a timed chunk's rollout holds at most this much data (pixels)
 WAITS = (SPIN_S, 0.0)
 
@@ -155,7 +156,9 @@ class _Search:
     """The phases of :func:`autotune`, with the envs they keep running."""
 
     def __init__(self, create_env_fn: Callable, env_options: dict, budget_s: float, policy: Callable | None):
-        self.create_env_fn, self.env_options, self.budget_s = create_env_fn, env_options, budget_s
+        self.create_env_fn = create_env_fn
+        self.env_options = env_options
+        self.budget_s = budget_s
         self.policy = policy
         self.started = time.perf_counter()
         #: this process' torch threads: each chunk runs with as many as its env alone would leave it (the envs
@@ -197,7 +200,8 @@ class _Search:
                 starts = start_s * (len(order) - i - 1)  # those to come, as long as this one's
                 slice_s = max(MIN_SLICE_S, (end - time.perf_counter() - starts) / runs)
                 self.chunk(split, spin_s)  # one in this wait first
-                steps, seconds = 0, 0.0
+                steps = 0
+                seconds = 0.0
                 while seconds < slice_s:
                     done, took = self.chunk(split, spin_s)
                     steps, seconds = steps + done, seconds + took

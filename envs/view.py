@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from .batched import BatchedEnv
+from .engine.shared import allocate_buffers
 from .parallel import ParallelEnv
-from .shared import allocate_buffers
 
 
 def worker_indices(item, num_workers: int) -> list[int]:
@@ -54,8 +54,10 @@ class WorkerView(ParallelEnv):
                             owner=f"{parent.owner}[workers {list(workers)}]", device=parent.device)
         self.__dict__["parent"] = parent  # held, not registered as a submodule (its state is not the view's)
         self.check_values = parent.check_values
-        self.workers, self._rows = list(workers), rows
-        self.num_workers, self.envs_per_worker = len(workers), k
+        self.workers = list(workers)
+        self._rows = rows
+        self.num_workers = len(workers)
+        self.envs_per_worker = k
         self._copy_rows()
 
     # ----------------------------------------------------------------- rows <-> parent
@@ -90,7 +92,8 @@ class WorkerView(ParallelEnv):
 
     def _run_reset(self, mask: np.ndarray | None):
         self._check_parent()
-        parent, per_env = self.parent, self._num_elements // self.num_envs
+        parent = self.parent
+        per_env = self._num_elements // self.num_envs
         elements = np.zeros(parent._num_elements, dtype=bool)
         chosen = np.ones(self._num_elements, dtype=bool) if mask is None else mask
         parent_elements = (self._rows[:, None] * per_env + np.arange(per_env)).reshape(-1)

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from tdcollect.envs import AsyncParallelEnv, EnvWorkerError, ParallelEnv, WorkerDiedError
-from tdcollect.envs.group import seed_chain
+from tdcollect.envs.engine.group import seed_chain
 from tests.helpers import CountingEnv, FaultyEnv, GatedEnv, SlowEnv, SuicidalEnv, cartpole, wait_for_file
 
 pytestmark = pytest.mark.timeout(60)

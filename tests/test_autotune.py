@@ -7,7 +7,7 @@ import torch
 
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ArgumentError, EnvWorkerError, ParallelEnv, autotune
-from tdcollect.envs.platform_policy import SPIN_S
+from tdcollect.envs.engine.platform_policy import SPIN_S
 from tests.helpers import CountingEnv, SlowEnv
 
 pytestmark = pytest.mark.timeout(120)

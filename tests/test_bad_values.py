@@ -17,7 +17,7 @@ from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
 from tdcollect.envs import EnvWorkerError, SerialEnv
-from tdcollect.envs.values import BadValue, Guard
+from tdcollect.envs.engine.values import BadValue, Guard
 from tests.faces import FACES, run
 
 pytestmark = pytest.mark.timeout(90)

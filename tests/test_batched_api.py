@@ -11,9 +11,10 @@ from torchrl.envs import GymEnv
 from torchrl.envs.utils import check_env_specs
 
 from tdcollect.envs import ParallelEnv, SerialEnv, env_index
-from tdcollect.envs.group import EnvGroup, seed_chain
-from tdcollect.envs.protocol import STEP
-from tdcollect.envs.shared import allocate_buffers
+from tdcollect.envs.engine.group import EnvGroup, seed_chain
+from tdcollect.envs.engine.protocol import STEP
+from tdcollect.envs.engine.shared import allocate_buffers
+from tdcollect.envs.libs import registered
 from tests.faces import batched
 from tests.helpers import CountingEnv, FrameCountingEnv, RichSpacesEnv, cartpole
 
@@ -151,7 +152,7 @@ def test_block_stepping_writes_what_one_by_one_stepping_writes(factory):
     each env is stepped on its own (across episode ends, continuous and discrete actions)."""
     groups, buffers = [], []
     for block in (True, False):
-        group = EnvGroup([factory] * 3, owner="test")
+        group = EnvGroup([factory] * 3, "test", registered())
         buffer = allocate_buffers(group.specs, 3, shared=False)
         group.bind(buffer)
         assert group._block is not None
@@ -232,7 +233,7 @@ class RecordingSemaphore:
 def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass():
     """protocol.Wait: with no history it polls at once; after waits of ~50 ms it first blocks until the margin
     before the shortest of them, then polls; with spin_s = 0 it only blocks; every acquired wait is remembered."""
-    from tdcollect.envs.protocol import RECENT_WAITS, WAKE_MARGIN_S, Wait
+    from tdcollect.envs.engine.protocol import RECENT_WAITS, WAKE_MARGIN_S, Wait
 
     wait = Wait()
     fresh = RecordingSemaphore(acquired_at=1)
@@ -261,7 +262,7 @@ def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass():
 
 
 def test_spinning_is_automatic_up_to_two_workers_per_core(monkeypatch):
-    from tdcollect.envs import platform_policy as pool
+    from tdcollect.envs.engine import platform_policy as pool
 
     monkeypatch.setattr(pool, "usable_cores", lambda: 4)
     assert pool.default_spin_s(1) == pool.default_spin_s(8) == pool.SPIN_S

@@ -11,8 +11,8 @@ from tensordict import TensorDict
 
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.engine.recycle import Recycler
 from tdcollect.envs.inputs import copier, leaf_copier
-from tdcollect.envs.recycle import Recycler
 from tests.helpers import CountingEnv
 
 pytestmark = pytest.mark.timeout(120)

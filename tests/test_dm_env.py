@@ -14,7 +14,7 @@ from tdcollect.envs import EnvWorkerError, ParallelEnv, SerialEnv
 dm_env = pytest.importorskip("dm_env")
 from dm_env import specs as dm  # noqa: E402
 
-from tdcollect.envs.dm_specs import done_flags, leaf_to_spec  # noqa: E402
+from tdcollect.envs.libs.dm_env import done_flags, leaf_to_spec  # noqa: E402
 from tests.helpers import OnePerProcessEngine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -121,7 +121,7 @@ def test_envs_does_not_need_dmlab2d(monkeypatch):
     from tdcollect import envs
 
     monkeypatch.setitem(sys.modules, "dmlab2d", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "tdcollect.envs.dmlab2d", raising=False)
+    monkeypatch.delitem(sys.modules, "tdcollect.envs.libs.dmlab2d", raising=False)
     assert envs.SerialEnv and envs.ParallelEnv
     with pytest.raises(ImportError):
         getattr(envs, "DMLab2dEnv")  # noqa: B009 - the attribute access itself is what is tested

@@ -10,7 +10,7 @@ from tdcollect.envs import EnvWorkerError, ParallelEnv, SerialEnv
 dm_env = pytest.importorskip("dm_env")
 from dm_env import specs as dm  # noqa: E402
 
-from tdcollect.envs.dm_players import is_player_list, layout_of  # noqa: E402
+from tdcollect.envs.libs.dm_env import is_player_list, layout_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,7 @@ from torchrl.data import Categorical
 from torchrl.envs.utils import check_env_specs
 
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.group import seed_chain
+from tdcollect.envs.engine.group import seed_chain
 
 dmlab2d = pytest.importorskip("dmlab2d")
 from tdcollect.envs import DMLab2dEnv  # noqa: E402

@@ -1,9 +1,18 @@
-"""The import graph of the package's own modules (``envs/``, ``collectors/``), read with ``ast``: no circle, counting
-every import (those inside functions too: a lazy import is still a dependency), and no chain longer than
-:data:`MAX_CHAIN` modules among the imports made when a module is loaded (its top-level ones: the floors a module
-stands on; a function-level import of an optional family or face, e.g. ``ray``, loads only when used). Package
-``__init__`` files are the faces and are left out; a module imports the module it needs, never a package
-``__init__`` (that would pull in every face)."""
+"""The package's layers, read from its import graph with ``ast`` (``envs/``, ``collectors/``):
+
+- ``envs/engine/`` imports nothing from ``envs/libs/``, ``envs/vector/`` or the TorchRL face (``envs/*.py``);
+- a family module of ``envs/libs/`` imports no other family module (but the dm_env family, which those in
+  :data:`BUILT_ON_DM_ENV` build on) and no face; ``envs/vector/`` does not import ``collectors``; ``envs`` never
+  imports ``collectors``;
+- an env family's name appears (in any case) only in its own module of ``envs/libs/``, the public ``__init__`` and
+  the installer's alias (see :data:`FAMILY_NAMES`);
+- no circle, counting every import (those inside functions too: a lazy import is still a dependency);
+- no chain longer than :data:`MAX_CHAIN` modules among the imports made when a module is loaded (its top-level ones:
+  the floors a module stands on; a function-level import of an optional family or face, e.g. ``ray``, loads only
+  when used), and none longer than :data:`MAX_CHAIN_INSIDE` inside one subpackage of ``envs``.
+
+Package ``__init__`` files are the faces and are left out; a module imports the module it needs, never a package
+``__init__`` (that would pull in every face), except ``envs.libs``'s: the list of families."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +20,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("envs", "collectors")
-MAX_CHAIN = 8
+MAX_CHAIN = 9
+MAX_CHAIN_INSIDE = 5
+#: the one package ``__init__`` that modules import: the registry of env families
+REGISTRY = "envs.libs"
+#: family modules that build on the dm_env family's conversions and stepper
+BUILT_ON_DM_ENV = {"envs.libs.dmlab2d"}
+#: a family's names (lower case) -> the modules allowed to say them besides tests, docs and tutorials
+FAMILY_NAMES = {
+    ("meltingpot",): {"envs.libs.meltingpot", "envs.meltingpot_install"},
+    ("dm_env",): {"envs.libs.dm_env", "envs.libs.dmlab2d"},
+    ("dmlab2d",): {"envs.libs.dmlab2d"},
+    ("pettingzoo",): {"envs.libs.pettingzoo"},
+}
 
 
 def modules() -> dict[str, Path]:
@@ -68,9 +89,17 @@ def longest_chains(edges: dict[str, set[str]]) -> dict[str, list[str]]:
     return {name: list(chain(name, ())) for name in edges}
 
 
+def layer(name: str) -> str:
+    """``"engine"``, ``"libs"``, ``"vector"``, ``"face"`` (``envs/*.py``) or ``"collectors"``."""
+    parts = name.split(".")
+    if parts[0] == "collectors":
+        return "collectors"
+    return parts[1] if len(parts) > 2 and parts[1] in ("engine", "libs", "vector") else "face"
+
+
 def test_no_module_imports_a_package_face():
     known = modules()
-    packages = {name for name, path in known.items() if path.name == "__init__.py"}
+    packages = {name for name, path in known.items() if path.name == "__init__.py"} - {REGISTRY}
     imports = {name: imported(name, path, known, lazy=True) for name, path in known.items() if name not in packages}
     offenders = {name: sorted(targets & packages) for name, targets in imports.items() if targets & packages}
     assert not offenders, f"modules importing a package __init__ (import the module instead): {offenders}"
@@ -85,6 +114,67 @@ def test_short_chains():
     assert len(longest) <= MAX_CHAIN, f"{len(longest)} modules in a chain: {' -> '.join(longest)}"
 
 
+def test_layers():
+    """Each module imports only the layers below it (module docstring); the registry counts as ``libs``."""
+    edges = graph(lazy=True)
+    edges = {name: targets | ({REGISTRY} if REGISTRY in imported(name, modules()[name], modules(), True) else set())
+             for name, targets in edges.items()}
+    allowed = {
+        "engine": {"engine"},
+        "libs": {"engine"},
+        "vector": {"engine", "libs", "face", "vector"},
+        "face": {"engine", "libs", "face", "vector"},
+        "collectors": {"engine", "libs", "face", "vector", "collectors"},
+    }
+    wrong = []
+    for name, targets in edges.items():
+        for target in targets:
+            if target == REGISTRY and layer(name) != "libs":
+                continue
+            if layer(name) == "libs" and layer(target) == "libs":
+                if target != "envs.libs.dm_env" or name not in BUILT_ON_DM_ENV:
+                    wrong.append(f"{name} -> {target} (a family imports another family)")
+                continue
+            if layer(target) not in allowed[layer(name)]:
+                wrong.append(f"{name} -> {target} ({layer(name)} must not import {layer(target)})")
+    assert not wrong, "imports across the layers: " + "; ".join(sorted(wrong))
+
+
+def test_short_chains_inside_each_subpackage():
+    edges = graph(lazy=False)
+    for package in ("envs.engine", "envs.libs", "envs.vector"):
+        inside = {name: {t for t in targets if t.startswith(package + ".")}
+                  for name, targets in edges.items() if name.startswith(package + ".")}
+        longest = max(longest_chains(inside).values(), key=len)
+        assert len(longest) <= MAX_CHAIN_INSIDE, f"{package}: {len(longest)} modules in a chain: {' -> '.join(longest)}"
+
+
+def test_family_names_stay_in_their_modules():
+    """grep, in the package's own code: a family's name is said only in its module (and the public faces)."""
+    known = modules()
+    faces = {"envs", "envs.libs"}
+    wrong = []
+    for names, allowed in FAMILY_NAMES.items():
+        for module, path in known.items():
+            if module in allowed or module in faces:
+                continue
+            text = path.read_text().lower()
+            wrong += [f"{module} says {word!r}" for word in names if word in text]
+    assert not wrong, "; ".join(sorted(wrong))
+
+
+def test_libs_is_one_module_per_family():
+    """Every module of ``envs/libs/`` defines a ``FAMILY`` and is found by the registry."""
+    import importlib
+
+    from tdcollect.envs.libs import registered
+
+    names = {family.name for family in registered()}
+    for path in sorted((ROOT / "envs" / "libs").glob("[!_]*.py")):
+        module = importlib.import_module(f"tdcollect.envs.libs.{path.stem}")
+        assert module.FAMILY.name in names, f"libs/{path.name}'s family is not registered"
+
+
 def test_the_checks_see_a_circle_and_a_chain():
     """The checks above can fail: a circle and a long chain are found in a made-up graph."""
     try:
@@ -95,4 +185,4 @@ def test_the_checks_see_a_circle_and_a_chain():
         raise AssertionError("the circle was not found")
     chains = longest_chains({"a": {"b", "d"}, "b": {"c"}, "c": set(), "d": set()})
     assert chains["a"] == ["a", "b", "c"]
-    assert graph()["envs.pool"], "the real graph has edges (the parser reads the package's imports)"
+    assert graph()["envs.engine.pool"], "the real graph has edges (the parser reads the package's imports)"

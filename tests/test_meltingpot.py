@@ -2,7 +2,7 @@
 ParallelEnv / MultiSyncCollector, on three substrates; the agent-group layout against TorchRL's and against the
 raw substrate's values; an instance refused before any process starts.
 
-MeltingPot installs with ``python -m tdcollect.envs.meltingpot_install`` (the README's test command runs it); in CI
+MeltingPot installs with ``python -m tdcollect.envs.libs.meltingpot`` (the README's test command runs it); in CI
 (``CI`` set) a missing install fails these tests instead of skipping them.
 """
 import copy
@@ -16,7 +16,7 @@ from torchrl.envs.utils import check_env_specs
 
 from tdcollect.collectors import MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.errors import ConstructorError
+from tdcollect.envs.engine.errors import ConstructorError
 from tests.helpers import collect_all
 
 if os.environ.get("CI"):

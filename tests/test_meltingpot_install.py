@@ -1,7 +1,7 @@
 """The MeltingPot installer's pieces: the stand-in assets tarball and the extra's requirements."""
 import tarfile
 
-from tdcollect.envs import meltingpot_install as install
+from tdcollect.envs.libs import meltingpot as install
 
 
 def test_assets_tarball_holds_only_the_empty_models_folder(tmp_path):

@@ -13,7 +13,8 @@ from torchrl.envs import StepCounter, TransformedEnv
 
 import tdcollect.envs
 from tdcollect.collectors import MultiSyncCollector
-from tdcollect.envs import ParallelEnv, SerialEnv, user_warnings
+from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.engine import user_warnings
 from tdcollect.envs.factories import check_factory
 from tests.helpers import CountingEnv
 
@@ -23,10 +24,10 @@ pytestmark = pytest.mark.timeout(60)
 # ----------------------------------------------------------------- DMLab2dEnv without dmlab2d
 @pytest.fixture
 def without_dmlab2d(monkeypatch):
-    """As if dmlab2d were not installed: ``import dmlab2d`` fails, and tdcollect.envs.dmlab2d is imported
+    """As if dmlab2d were not installed: ``import dmlab2d`` fails, and tdcollect.envs.libs.dmlab2d is imported
     afresh on the next access (monkeypatch puts both entries back afterwards)."""
     monkeypatch.setitem(sys.modules, "dmlab2d", None)
-    monkeypatch.delitem(sys.modules, "tdcollect.envs.dmlab2d", raising=False)
+    monkeypatch.delitem(sys.modules, "tdcollect.envs.libs.dmlab2d", raising=False)
 
 
 INSTALL_HINT = r'pip install "tdcollect\[dmlab2d\]"'

@@ -5,7 +5,7 @@ import torch
 from torchrl.envs.utils import check_env_specs
 
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.errors import ConstructorError
+from tdcollect.envs.engine.errors import ConstructorError
 from tests.helpers import collect_all
 
 butterfly = pytest.importorskip("pettingzoo.butterfly")

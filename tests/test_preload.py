@@ -1,4 +1,4 @@
-"""Which costly env families a constructor refers to (imported once before workers start, see preload.py)."""
+"""Which costly env families a constructor refers to (imported once before workers start, see engine/preload.py)."""
 import functools
 import subprocess
 import sys
@@ -6,7 +6,14 @@ import textwrap
 
 import gymnasium as gym
 
-from tdcollect.envs.preload import costly_imports, import_now
+from tdcollect.envs.engine import preload
+from tdcollect.envs.engine.preload import import_now
+from tdcollect.envs.libs import costly_imports as families_costly_imports
+
+
+def costly_imports(fn):
+    """What the faces ask: the costly imports of every registered family that ``fn`` refers to."""
+    return preload.costly_imports(fn, families_costly_imports())
 
 
 def imports_itself():
@@ -44,16 +51,17 @@ def test_fork_workers_inherit_the_import(no_leaks):
     """A ParallelEnv whose constructor imports a costly family imports it in the main process first (fork)."""
     script = textwrap.dedent("""
         import sys
-        from unittest import mock
         import gymnasium as gym
-        from tdcollect.envs import ParallelEnv, preload
-        with mock.patch.dict(preload.COSTLY_FAMILIES, {"tabnanny": "tabnanny"}):
-            def make():
-                import tabnanny  # noqa: F401
-                return gym.make("CartPole-v1")
-            assert "tabnanny" not in sys.modules
-            env = ParallelEnv(2, make, mp_start_method="fork")
-            env.close()
+        from tdcollect.envs import ParallelEnv
+        from tdcollect.envs.engine.stepper import Family
+        from tdcollect.envs.libs import register
+        register(Family(name="a family whose import is costly", costly_imports={"tabnanny": "tabnanny"}))
+        def make():
+            import tabnanny  # noqa: F401
+            return gym.make("CartPole-v1")
+        assert "tabnanny" not in sys.modules
+        env = ParallelEnv(2, make, mp_start_method="fork")
+        env.close()
         print("tabnanny" in sys.modules)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -122,7 +122,7 @@ def test_killed_actors_are_restarted_and_batches_stay_full(ray_cluster, tmp_path
 
 def test_actor_dying_past_max_restarts_is_a_clear_error(ray_cluster):
     from tdcollect.collectors import RayCollector
-    from tdcollect.collectors.ray import RayWorkerDiedError
+    from tdcollect.collectors.distributed.ray import RayWorkerDiedError
 
     collector = RayCollector(long_counting, None, frames_per_batch=20, total_frames=-1, max_restarts=0)
     batches = iter(collector)
@@ -203,9 +203,9 @@ def test_shutdown_stops_the_cluster_it_started():
 _WITH_RAY = """
 import sys
 import tdcollect.collectors
-assert "tdcollect.collectors.ray" not in sys.modules
+assert "tdcollect.collectors.distributed.ray" not in sys.modules
 from tdcollect.collectors import RayCollector
-assert "tdcollect.collectors.ray" in sys.modules
+assert "tdcollect.collectors.distributed.ray" in sys.modules
 """
 
 _WITHOUT_RAY = """

@@ -12,9 +12,9 @@ from tensordict import TensorDict
 
 from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.engine.protocol import OUTPUT_SLOTS
+from tdcollect.envs.engine.recycle import OutputSlots, Recycler
 from tdcollect.envs.inputs import leaf_copier
-from tdcollect.envs.protocol import OUTPUT_SLOTS
-from tdcollect.envs.recycle import OutputSlots, Recycler
 
 from .helpers import FrameCountingEnv, FrameCrashOnceEnv, compare_when_told
 
@@ -369,7 +369,7 @@ def test_big_fresh_buffers_are_mapped_and_prefaulted_without_changing_a_byte():
     import mmap
     import threading
 
-    from tdcollect.envs.recycle import MAPPED_BYTES, _fresh
+    from tdcollect.envs.engine.recycle import MAPPED_BYTES, _fresh
 
     def mapped(array) -> bool:
         return isinstance(array.base, memoryview) and isinstance(array.base.obj, mmap.mmap)

@@ -11,7 +11,7 @@ import torch
 from torchrl.envs.utils import step_mdp
 
 from tdcollect.envs import ParallelEnv, SerialEnv, WorkerDiedError
-from tdcollect.envs.worker_rollout import KEEP
+from tdcollect.envs.engine.worker_rollout import KEEP
 
 from .helpers import CountingEnv, CrashOnceEnv, FrameCountingEnv, SlowEnv, cartpole, compare_when_told
 
@@ -104,7 +104,7 @@ def test_an_error_in_this_process_leaves_no_step_under_way(monkeypatch, no_leaks
     with _on_path(ParallelEnv(2, FrameCountingEnv), "stepped") as env:
         env.set_seed(0)
         env.rollout(4, break_when_any_done=False)
-        from tdcollect.envs.rollout import StepRecorder
+        from tdcollect.envs.engine.recording import StepRecorder
 
         calls = {"n": 0}
         real = StepRecorder.record_next
@@ -174,7 +174,7 @@ def test_a_rollout_held_by_a_forked_process_is_never_refilled(no_leaks):
 
 def test_past_max_live_storages_rollouts_go_step_by_step(monkeypatch, no_leaks):
     """Each storage holds file descriptors: a caller holding many rollouts gets the later ones step by step."""
-    from tdcollect.envs import worker_rollout
+    from tdcollect.envs.engine import worker_rollout
 
     monkeypatch.setattr(worker_rollout, "MAX_LIVE", worker_rollout.live_storages() + 3)
     with ParallelEnv(2, FrameCountingEnv) as env, SerialEnv(2, FrameCountingEnv) as serial:

@@ -8,7 +8,8 @@ import torch
 from gymnasium import spaces
 from torchrl.data import Binary, Bounded, Categorical, Composite, MultiCategorical, Unbounded
 
-from tdcollect.envs.specs import observation_spec_from_space, space_to_spec, spec_differences
+from tdcollect.envs.engine.specs import spec_differences
+from tdcollect.envs.libs.gym import observation_spec_from_space, space_to_spec
 
 
 def test_box_finite_is_bounded_with_its_bounds():

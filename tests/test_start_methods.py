@@ -72,8 +72,8 @@ def test_workers_that_run_cuda_do_not_fork(monkeypatch):
     from torch import nn
 
     from tdcollect.collectors.policies import runs_cuda
-    from tdcollect.envs.errors import EnvWorkerError
-    from tdcollect.envs.platform_policy import resolve_start_method
+    from tdcollect.envs.engine.errors import EnvWorkerError
+    from tdcollect.envs.engine.platform_policy import resolve_start_method
 
     assert runs_cuda("cuda:0", None) and runs_cuda(torch.device("cuda"), nn.Linear(2, 2))
     assert not runs_cuda(None, nn.Linear(2, 2)) and not runs_cuda("cpu", None) and not runs_cuda(None, None)

@@ -15,7 +15,7 @@ from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.vector.utils import batch_differing_spaces
 
-from tdcollect.envs.errors import EnvWorkerError, WorkerDiedError
+from tdcollect.envs.engine.errors import EnvWorkerError, WorkerDiedError
 from tdcollect.envs.vector import ParallelVectorEnv, SpaceMismatchError
 from tests.gym_envs import Blob, EnvError, FailingEnv, SampleEnv, TallyEnv, tallies
 

@@ -20,7 +20,7 @@ from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
 from stable_baselines3.common.monitor import Monitor  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecNormalize  # noqa: E402
 
-from tdcollect.envs.errors import WorkerDiedError  # noqa: E402
+from tdcollect.envs.engine.errors import WorkerDiedError  # noqa: E402
 from tdcollect.envs.vector import ParallelVecEnv  # noqa: E402
 from tests.sb3_suite import runner  # noqa: E402
 

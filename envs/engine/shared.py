@@ -32,8 +32,8 @@ from .errors import ArgumentError, SharedMemoryError
 
 @dataclass
 class EnvSpecs:
-    """The full specs of one env (all ``Composite``), of shape ``batch_shape``: ``()`` for a gymnasium or
-    dm_env env and an unbatched TorchRL env, the env's ``batch_size`` for a batched TorchRL env."""
+    """The full specs of one env (all ``Composite``), of shape ``batch_shape``: ``()`` for an unbatched env
+    (a gymnasium env, an unbatched TorchRL env, ...), the env's ``batch_size`` for a batched TorchRL env."""
 
     observation: Composite
     action: Composite
@@ -219,14 +219,19 @@ class MappedTensors:
         if template is not None:
             # the nested TensorDicts' batch sizes (e.g. an agent group's ``[*batch, agents]``), parents first
             nested = [(key, sub.batch_size) for key, sub in template.items(True) if isinstance(sub, TensorDictBase)]
-            layout, size = [], 0
+            layout = []
+            size = 0
             for key, leaf in template.items(True, True):
                 layout.append((key, leaf.dtype, tuple(leaf.shape), size))
                 size += -(-leaf.numel() * leaf.element_size() // mmap.PAGESIZE) * mmap.PAGESIZE
-            fd, batch_size = os.memfd_create("tdcollect-rollout", os.MFD_CLOEXEC), template.batch_size
+            fd = os.memfd_create("tdcollect-rollout", os.MFD_CLOEXEC)
+            batch_size = template.batch_size
             weakref.finalize(self, os.close, fd)
             os.ftruncate(fd, max(size, 1))
-        self.fd, self.size, self.layout, self.batch_size = fd, size, layout, torch.Size(batch_size)
+        self.fd = fd
+        self.size = size
+        self.layout = layout
+        self.batch_size = torch.Size(batch_size)
         self.nested = nested
         self._map = mmap.mmap(fd, max(size, 1))
         self.arrays = [np.frombuffer(self._map, numpy_dtype(dtype), int(np.prod(shape)), offset).reshape(shape)

@@ -69,26 +69,39 @@ class WorkerPool:
     def __init__(self, target: Callable, args: list[tuple], *, handshake: Handshake, start_method: str,
                  timeout: float, owner: str, spin_s: float | None = None, daemon: bool = False,
                  shutdown_timeout: float = 2.0, preload: Iterable[str] = ()):
-        self.owner, self.daemon, self.shutdown_timeout = owner, bool(daemon), float(shutdown_timeout)
-        self.start_method, self.timeout, num_workers = start_method, float(timeout), len(args)
+        self.owner = owner
+        self.daemon = bool(daemon)
+        self.shutdown_timeout = float(shutdown_timeout)
+        self.start_method = start_method
+        self.timeout = float(timeout)
+        num_workers = len(args)
         spin_s, self._poll_s = resolve_spin_s(spin_s, num_workers), min(0.25, self.timeout)
         context = tmp.get_context(start_method)
         if start_method == "forkserver":
-            context.set_forkserver_preload(["tdcollect.envs.pool", "tdcollect.envs.protocol", *sorted(set(preload))])
+            server_imports = ["tdcollect.envs.engine.pool", "tdcollect.envs.engine.protocol", *sorted(set(preload))]
+            context.set_forkserver_preload(server_imports)
         elif start_method == "fork":
             import_now(preload)  # forked workers inherit it (see preload.py)
         self._command_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the commands")
         self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
-        self._command, self._status = self._command_tensor.numpy(), self._status_tensor.numpy()
+        self._command = self._command_tensor.numpy()
+        self._status = self._status_tensor.numpy()
         # the wait, read by the workers after every command: ``spin_s`` may change while they run
         self._spin_tensor = in_shared_memory(torch.full((1,), spin_s, dtype=torch.float64), "the wait")
         self._spin = self._spin_tensor.numpy()
-        self._context, self._target, self._args, self._handshake = context, target, args, handshake
-        self._wake, self._done = [None] * num_workers, [None] * num_workers
-        self._any_done, self._last_liveness_check = semaphore(context), 0.0
+        self._context = context
+        self._target = target
+        self._args = args
+        self._handshake = handshake
+        self._wake = [None] * num_workers
+        self._done = [None] * num_workers
+        self._any_done = semaphore(context)
+        self._last_liveness_check = 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
         self._found_done: set[int] = set()  # see wait_for
-        self.procs, self.conns, self.restarts = [None] * num_workers, [None] * num_workers, [0] * num_workers
+        self.procs = [None] * num_workers
+        self.conns = [None] * num_workers
+        self.restarts = [0] * num_workers
         self.closed = False
         _LIVE_POOLS.add(self)
         try:
@@ -119,7 +132,10 @@ class WorkerPool:
         in it do not stop the others' handshake; they are raised at the end, all of them in the error's
         ``failures``, and the file descriptors sent to them and never fetched are closed. On the ``first``
         start, a worker that fails to build its envs ends the start-up at once (the pool is stopped)."""
-        failures, infos, sent, replies = {}, {}, {}, {}
+        failures = {}
+        infos = {}
+        sent = {}
+        replies = {}
         for w in workers:
             try:
                 infos[w] = load_info(self.receive(w, "construction", "hello"))
@@ -175,7 +191,8 @@ class WorkerPool:
 
     def _replace(self, w: int, cause: Exception) -> None:
         warn_caller(f"{self.owner}: restarting worker {w} after: {str(cause).splitlines()[0]}", RuntimeWarning)
-        old, conn = self.procs[w], self.conns[w]
+        old = self.procs[w]
+        conn = self.conns[w]
         if old.exitcode is None:
             old.kill()
         reap(old, 5.0)
@@ -257,7 +274,8 @@ class WorkerPool:
         among the ``n``; a dead or hung worker among ``in_flight`` too), with the workers found done so far
         in the exception's ``finished``."""
         during = command_name(code)
-        pending, finished = list(in_flight), []
+        pending = list(in_flight)
+        finished = []
         try:
             self._wait_any(n, pending, finished, during, self._waits.get(code | NOTIFY))
         except WorkerError as err:
@@ -271,7 +289,8 @@ class WorkerPool:
         then blocked for."""
         deadline = time.monotonic() + self.timeout
         spin_until = time.perf_counter() + self.spin_s
-        any_done, dones = self._any_done, self._done  # kept: stop() from another thread replaces them
+        any_done = self._any_done  # kept: stop() from another thread replaces them
+        dones = self._done
         while len(finished) < n:
             if first is not None:
                 acquired, first = first.acquire(any_done, self.spin_s, self._poll_s), None
@@ -348,7 +367,8 @@ class WorkerPool:
                 if failure is not None:
                     failures[w] = failure
                     break
-        status, answers = self._status, {}
+        status = self._status
+        answers = {}
         if not failures and not status.any():  # (the common case: no answers)
             return None
         for w in (w for w in np.flatnonzero(status).tolist() if w not in failures):
@@ -369,7 +389,8 @@ class WorkerPool:
     def wait_for(self, workers, code: int, timeout: float | None) -> list | None:
         """:meth:`wait` for at most ``timeout`` s (None: no limit): then ``multiprocessing.TimeoutError``, the command
         goes on, and a later call resumes the wait (the workers found done are kept in ``_found_done``)."""
-        dones, found = self._done, self._found_done
+        dones = self._done
+        found = self._found_done
         if timeout is not None:
             deadline = time.monotonic() + timeout
             for w in (w for w in workers if w not in found):

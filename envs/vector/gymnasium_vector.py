@@ -1,13 +1,6 @@
-"""tdcollect's engine behind gymnasium's and Stable-Baselines3's vector-env interfaces: numpy in, numpy out.
-
-- :class:`ParallelVectorEnv`: a ``gymnasium.vector.VectorEnv`` with ``AsyncVectorEnv``'s constructor arguments
-  (``env_fns, shared_memory, copy, context, daemon, observation_mode, autoreset_mode``) plus ``envs_per_worker``.
-- ``ParallelVecEnv`` (``sb3_vec_env.py``): a ``stable_baselines3`` ``VecEnv``, for
-  ``make_vec_env(env_id, n_envs, vec_env_cls=ParallelVecEnv)``. Imported on first use, so importing this
-  module never imports Stable-Baselines3.
-
-Both run the envs in ParallelEnv's workers (several envs per worker, shared-memory buffers, semaphores, fault
-handling, opt-in restarts); every env is built in its worker, never in this process.
+""":class:`ParallelVectorEnv`: a ``gymnasium.vector.VectorEnv`` with ``AsyncVectorEnv``'s constructor arguments
+(``env_fns, shared_memory, copy, context, daemon, observation_mode, autoreset_mode``) plus ``envs_per_worker``, on
+ParallelEnv's workers (see the package docstring).
 """
 from __future__ import annotations
 
@@ -23,23 +16,12 @@ from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from .user_warnings import warn_caller
-from .vector_core import EngineCore, EngineWorkers
-from .vector_errors import SpaceMismatchError
-from .vector_worker import DISABLED, FINAL, NEXT_STEP, RESET, SAME_STEP, STEP
-
-__all__ = ["ParallelVectorEnv", "SpaceMismatchError"]  # and ParallelVecEnv, imported on first use
+from ..engine.user_warnings import warn_caller
+from .core import EngineCore, EngineWorkers
+from .errors import SpaceMismatchError
+from .worker import DISABLED, FINAL, NEXT_STEP, RESET, SAME_STEP, STEP
 
 _MODES = {AutoresetMode.NEXT_STEP: NEXT_STEP, AutoresetMode.SAME_STEP: SAME_STEP, AutoresetMode.DISABLED: DISABLED}
-
-
-def __getattr__(name):
-    # the SB3 facade needs the optional stable-baselines3 (pip install "tdcollect[sb3]"): imported on first use
-    if name == "ParallelVecEnv":
-        from .sb3_vec_env import ParallelVecEnv
-
-        return ParallelVecEnv
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ParallelVectorEnv(VectorEnv, EngineWorkers):
@@ -242,7 +224,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     def _step_result(self):
         core = self._core
         rewards = core.reward.astype(np.float64)
-        terminations, truncations = core.terminated.copy(), core.truncated.copy()
+        terminations = core.terminated.copy()
+        truncations = core.truncated.copy()
         posts = core.take_posts()
         infos: dict[str, Any] = {}
         if self._mode == SAME_STEP:
@@ -259,7 +242,9 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
 
     def _same_step_infos(self, ended: list[int], posts) -> dict[str, Any]:
         """Step infos; an env that ended gets ``final_obs``, ``final_info`` (its step info) and its reset info."""
-        step_infos, reset_infos, finals = posts[STEP], posts[RESET], posts[FINAL]
+        step_infos = posts[STEP]
+        reset_infos = posts[RESET]
+        finals = posts[FINAL]
         per_env = dict(step_infos)
         for i in ended:
             final = finals[i] if i in finals else self._core.observations.row("next", i)
@@ -321,7 +306,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """``begin()`` the ``name`` call on the workers; :meth:`_wait` gives ``finish(timeout)``'s result."""
         with self._closed_under(f"{name}_async"):
             begin()
-        self._state, self._finish = name, finish
+        self._state = name
+        self._finish = finish
 
     def _wait(self, name: str, timeout: float | None):
         self._check_open(f"{name}_wait")

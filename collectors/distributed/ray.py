@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess that 
         '(or pip install "ray>=2.60,<3").'
     ) from exc
 
-from tdcollect.envs.errors import (
+from tdcollect.envs.engine.errors import (
     EnvWorkerError,
     WorkerDiedError,
     WorkerError,
@@ -53,14 +53,14 @@ from tdcollect.envs.errors import (
     error_report,
     worker_error,
 )
-from tdcollect.envs.group import seed_chain
-from tdcollect.envs.specs import check_same_specs
-from tdcollect.envs.user_warnings import warn_caller
+from tdcollect.envs.engine.group import seed_chain
+from tdcollect.envs.engine.specs import check_same_specs
+from tdcollect.envs.engine.user_warnings import warn_caller
 
-from .base import CollectorBase
-from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
-from .weights import policy_weights_of
-from .worker import build_worker, check_same_entries, prepare_workers, worker_specs
+from ..base import CollectorBase
+from ..loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
+from ..weights import policy_weights_of
+from ..worker import build_worker, check_same_entries, prepare_workers, worker_specs
 
 OWNER = "RayCollector"
 
@@ -146,7 +146,8 @@ class RayWorkerDiedError(WorkerDiedError):
             f"{max_restarts} per actor); the collector was shut down. Ray says: {cause}",
             worker,
         )
-        self.pid, self.exitcode = pid, None
+        self.pid = pid
+        self.exitcode = None
 
 
 class RayCollector(CollectorBase):
@@ -204,9 +205,13 @@ class RayCollector(CollectorBase):
                                                          env_device, OWNER, "actor")
         num_workers = len(pickled)
         self.policy = policy
-        self.num_workers, self.max_restarts, self.timeout = num_workers, int(max_restarts), float(timeout)
-        self.num_cpus, self.num_gpus = num_cpus, num_gpus
-        self._weights_ref, self._version = None, 0
+        self.num_workers = num_workers
+        self.max_restarts = int(max_restarts)
+        self.timeout = float(timeout)
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self._weights_ref = None
+        self._version = 0
         self._restarts = [0] * num_workers
         self._versions = [-1] * num_workers
         config = {"policy_device": policy_device, "threads": max(1, int(num_cpus)), "loop": loop_options(
@@ -246,7 +251,8 @@ class RayCollector(CollectorBase):
         """Actors that do not fit wait for resources (an autoscaler may add nodes): say so up front."""
         cluster = ray.cluster_resources()
         for name, per_actor in (("CPU", self.num_cpus), ("GPU", self.num_gpus)):
-            have, need = cluster.get(name, 0.0), per_actor * self.num_workers
+            have = cluster.get(name, 0.0)
+            need = per_actor * self.num_workers
             if need > have:
                 warn_caller(
                     f"{OWNER}: {self.num_workers} actors x {per_actor:g} {name}s need {need:g} {name}s but the "

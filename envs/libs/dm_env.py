@@ -1,4 +1,6 @@
-"""dm_env specs -> TorchRL specs, and the slots that move dm_env values into buffers and back.
+"""The dm_env family: ``dm_env.Environment`` envs (single- or multi-player), their specs and their stepper.
+
+**dm_env specs -> TorchRL specs**, and the slots that move dm_env values into buffers and back.
 
 Leaf conversion (unbatched; ``s`` is the dm_env spec's shape):
 
@@ -14,7 +16,7 @@ integer dtype                                else ``MultiCategorical(max - min +
 string / object dtype                        not supported (``TypeError``)
 ===========================================  ==========================================  ====================
 
-Integer ranges lose their minimum the way gymnasium's ``Discrete(n, start)`` does in ``specs.py``: a
+Integer ranges lose their minimum the way gymnasium's ``Discrete(n, start)`` does in ``gym.py``: a
 dm_env action ``turn`` in ``[-1, 1]`` is ``Categorical(3)`` here and ``0, 1, 2`` stand for ``-1, 0, 1``.
 
 Nested dm_env specs (dicts; lists and tuples, whose items become keys ``"0"``, ``"1"``, ...) become nested
@@ -27,24 +29,61 @@ keys. A :class:`Slot` links one dm_env leaf (a path into the env's values) with 
 - ``"reward"``: the timestep's reward, float32 ``[*s, 1]``;
 - ``"done"`` / ``"terminated"`` / ``"truncated"``: bool ``[1]`` from the step type and discount
   (see :func:`done_flags`).
+
+**Multi-player dm_env envs**: per-player spec sequences become one agent group.
+
+A ``dm_env.Environment`` whose ``observation_spec()``, ``action_spec()`` and ``reward_spec()`` are sequences with
+one item per player (a list of observation dicts, a tuple of ``DiscreteArray`` actions, a list of reward arrays, as
+multi-player substrates declare them) gets the agent-group layout of TorchRL's multi-agent wrappers, so a factory
+can switch between the two without touching the rest of a pipeline. For a 7-player substrate (batch size ``[]``)::
+
+    ("agents", "observation", "RGB")                uint8    [7, 88, 88, 3]   per-player observations
+    ("agents", "observation", "READY_TO_SHOOT")     float64  [7, 1]           (a scalar becomes [1])
+    ("agents", "observation", "COLLECTIVE_REWARD")  float64  [7, 1]
+    "RGB"                                           uint8    [144, 192, 3]    "WORLD.<NAME>" -> "<NAME>",
+                                                                              read from player 0's dict
+    ("agents", "action")                            int64    [7]              Categorical(8)
+    ("agents", "reward")                            float64  [7, 1]
+    "done", "terminated", "truncated"               bool     [1]              from the step type and discount
+
+A per-player action dict gives ``("agents", "action", NAME)``. Value conversions follow the table above
+(integer ranges start at 0). Every other dm_env env keeps :func:`flat_layout`.
+
+**Stepper**: :class:`DmEnvStepper`. dm_env has no seeding call: a seed is ignored with a warning, unless a
+subclass of the stepper knows how to seed its env.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import dm_env
 import numpy as np
 import torch
-from dm_env import specs as dm
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
-from .specs import done_spec, torch_dtype
-from .values import BadValue, Guard
+from ..engine.shared import BufferViews, EnvSpecs
+from ..engine.specs import DONE_KEYS, done_spec, torch_dtype
+from ..engine.stepper import Family
+from ..engine.user_warnings import warn_caller
+from ..engine.values import BadValue, Guard, value_error
+
+if TYPE_CHECKING:  # dm_env comes only with this family: imported when one of its envs is met (see _dm)
+    import dm_env
+    from dm_env import specs as dm
+
+
+def _dm():
+    """``dm_env.specs``, imported when an env of this family is met."""
+    from dm_env import specs
+
+    return specs
 
 #: the root of every source path: ``("observation", ...)`` reads the timestep's observation,
 #: ``("reward",)`` its reward.
-OBSERVATION, REWARD = "observation", "reward"
+OBSERVATION = "observation"
+REWARD = "reward"
 
 
 @dataclass
@@ -88,7 +127,7 @@ def leaf_to_spec(spec: dm.Array) -> tuple[TensorSpec, np.ndarray | None]:
         )
     if dtype == np.bool_:
         return Categorical(2, shape=shape, dtype=torch.bool), None
-    if isinstance(spec, dm.BoundedArray):
+    if isinstance(spec, _dm().BoundedArray):
         low = np.broadcast_to(np.asarray(spec.minimum), shape)
         high = np.broadcast_to(np.asarray(spec.maximum), shape)
         if dtype.kind in "iu":
@@ -128,7 +167,8 @@ def stacked_leaf(per_player: list[dm.Array], what: str, scalar_as_one: bool = Fa
 
 
 def _bounds(spec) -> tuple:
-    low, high = getattr(spec, "minimum", None), getattr(spec, "maximum", None)
+    low = getattr(spec, "minimum", None)
+    high = getattr(spec, "maximum", None)
     return (None if low is None else np.asarray(low).tolist(), None if high is None else np.asarray(high).tolist())
 
 
@@ -152,7 +192,8 @@ def key_of(path: tuple) -> tuple:
 def flat_layout(env: dm_env.Environment) -> DmLayout:
     """The layout of any ``dm_env.Environment`` (see the module docstring)."""
     obs_spec = env.observation_spec()
-    observation, obs_slots = Composite(shape=()), []
+    observation = Composite(shape=())
+    obs_slots = []
     single_obs = not isinstance(obs_spec, (Mapping, list, tuple))
     for path, leaf in iter_leaves(obs_spec):
         key = ("observation",) if single_obs else key_of(path)
@@ -163,7 +204,8 @@ def flat_layout(env: dm_env.Environment) -> DmLayout:
         observation[key] = spec
         obs_slots.append(Slot((OBSERVATION, *path), key, offset))
 
-    action, act_slots = Composite(shape=()), []
+    action = Composite(shape=())
+    act_slots = []
     for path, leaf in iter_leaves(env.action_spec()):
         key = ("action", *key_of(path))
         try:
@@ -174,7 +216,7 @@ def flat_layout(env: dm_env.Environment) -> DmLayout:
         act_slots.append(Slot(path, key, offset, np.dtype(leaf.dtype)))
 
     reward_dm = env.reward_spec()
-    if not isinstance(reward_dm, dm.Array):
+    if not isinstance(reward_dm, _dm().Array):
         raise TypeError(
             f"this dm_env env's reward spec is {type(reward_dm).__name__}; only a single array reward is "
             "supported (it becomes \"reward\" of shape [*shape, 1])."
@@ -281,3 +323,170 @@ def _lists_from_int_keys(node):
     if out and all(isinstance(k, int) for k in out) and sorted(out) == list(range(len(out))):
         return [out[j] for j in range(len(out))]
     return out
+
+
+# ----------------------------------------------------------------- multi-player layouts
+GROUP = "agents"
+WORLD = "WORLD."
+
+
+def layout_of(env) -> DmLayout:
+    """The layout of a ``dm_env.Environment``: the agent-group layout (module docstring) when its specs are
+    per-player sequences, else :func:`flat_layout`."""
+    return player_list_layout(env) if is_player_list(env) else flat_layout(env)
+
+
+def is_player_list(env) -> bool:
+    """Whether ``env``'s observation spec is a non-empty sequence of per-player dicts and its action and reward
+    specs are sequences of the same length."""
+    obs = env.observation_spec()
+    act = env.action_spec()
+    rew = env.reward_spec()
+    return (
+        _is_sequence(obs) and len(obs) > 0 and all(isinstance(o, Mapping) for o in obs)
+        and _is_sequence(act) and _is_sequence(rew) and len(act) == len(rew) == len(obs)
+    )
+
+
+def player_list_layout(env) -> DmLayout:
+    """The agent-group layout of a dm_env env with per-player spec sequences (see the module docstring)."""
+    obs_specs = list(env.observation_spec())
+    act_specs = list(env.action_spec())
+    rew_specs = list(env.reward_spec())
+    n = len(obs_specs)
+    names = list(obs_specs[0])
+    for player, spec in enumerate(obs_specs):
+        if list(spec) != names:
+            raise ValueError(f"players' observations differ: player 0 has {names}, player {player} {list(spec)}; "
+                             "an agent group needs the same observations for all its players.")
+
+    observation = Composite({GROUP: Composite(observation=Composite(shape=(n,)), shape=(n,))}, shape=())
+    obs_slots = []
+    for name in names:
+        if name.startswith(WORLD):
+            key = (name[len(WORLD):],)
+            if key[0] in (GROUP, *DONE_KEYS) or key in observation.keys():
+                raise ValueError(f"global observation {name!r} would be stored as {key[0]!r}, a key already taken.")
+            stacked, offset = _converted([obs_specs[0][name]], name, scalar_as_one=True)
+            observation[key] = stacked[0]
+            obs_slots.append(Slot((OBSERVATION, 0, name), key, offset))
+        else:
+            key = (GROUP, "observation", name)
+            stacked, offset = _converted([spec[name] for spec in obs_specs], name, scalar_as_one=True)
+            observation[key] = stacked
+            obs_slots += [Slot((OBSERVATION, p, name), key, offset, player=p) for p in range(n)]
+
+    action = Composite({GROUP: Composite(shape=(n,))}, shape=())
+    act_slots = []
+    single = not isinstance(act_specs[0], (Mapping, list, tuple))
+    for path, _ in iter_leaves(act_specs[0]):
+        per_player = [leaf_array(spec, path) for spec in act_specs]
+        key = (GROUP, "action") if single else (GROUP, "action", *key_of(path))
+        stacked, offset = _converted(per_player, ".".join(key), scalar_as_one=False)
+        action[key] = stacked
+        act_slots += [Slot((p, *path), key, offset, np.dtype(per_player[p].dtype), p) for p in range(n)]
+
+    if not all(isinstance(r, type(rew_specs[0])) and not isinstance(r, (Mapping, list, tuple)) for r in rew_specs):
+        raise TypeError(f"each player's reward spec must be a single array, got {rew_specs[0]!r}.")
+    reward_spec, _ = stacked_leaf(rew_specs, "reward", scalar_as_one=True)
+    reward = Composite({GROUP: Composite(reward=reward_spec, shape=(n,))}, shape=())
+    reward_slots = [Slot((REWARD, p), (GROUP, "reward"), player=p) for p in range(n)]
+    return DmLayout(observation, action, reward, observation_slots=obs_slots, action_slots=act_slots,
+                    reward_slots=reward_slots)
+
+
+def _converted(per_player: list, what: str, scalar_as_one: bool):
+    try:
+        return stacked_leaf(per_player, what, scalar_as_one)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from None
+
+
+def _is_sequence(value) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+# ----------------------------------------------------------------- the stepper
+class DmEnvStepper:
+    """A ``dm_env.Environment``: timestep values are written into numpy views of the buffers.
+
+    ``layout``: a :class:`DmLayout` (default:
+    :func:`layout_of`: an agent group for per-player spec sequences, else the observation dict's entries as
+    top-level keys, actions under ``"action"``, ``"reward"``
+    ``[1]``).
+    dm_env has no seeding call, so a seed passed to ``reset`` is ignored (with a warning, once); subclasses
+    that know how to seed their env override :meth:`seed`.
+    """
+
+    def __init__(self, env, layout=None):
+        self.env = env
+        self.layout = layout if layout is not None else layout_of(env)
+        self.specs = EnvSpecs(
+            observation=self.layout.observation,
+            action=self.layout.action,
+            reward=self.layout.reward,
+            done=self.layout.done,
+        )
+        self._warned_seed = False
+
+    def bind(self, views: BufferViews, index: int) -> None:
+        layout = self.layout
+        at = (index,)
+        self._write_root = TimestepWriter(layout.observation_slots, views.root_np, at)
+        self._write_next = TimestepWriter(layout.observation_slots + layout.reward_slots, views.next_np, at)
+        self._read_action = ActionReader(layout.action_slots, views.action_np, at)
+        self._flags = [views.next_np[key][index, ...] for key in DONE_KEYS]
+        self._env_index = views.first_index + index
+        keys = dict.fromkeys(slot.key for slot in layout.observation_slots)  # the next observation, root's next
+        self._carry = [(leaf_array(views.root_np, key)[index, ...], leaf_array(views.next_np, key)[index, ...])
+                       for key in keys]  # [index, ...]: a view even where a leaf is one value per env
+
+    def seed(self, seed: int) -> None:
+        """Seed the env before its next reset: not possible for a plain dm_env env (warns once)."""
+        if not self._warned_seed:
+            self._warned_seed = True
+            warn_caller(f"{type(self.env).__name__} is a dm_env.Environment, which has no seeding call: the seed "
+                        "is ignored.")
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.seed(seed)
+        self._write(self._write_root, self.env.reset(), "reset()")
+
+    def step(self) -> None:
+        timestep = self.env.step(self._read_action())
+        self._write(self._write_next, timestep, "step()")
+        flags = done_flags(timestep)
+        for array, flag in zip(self._flags, flags):
+            array[...] = flag
+        if flags[0]:
+            self._write(self._write_root, self.env.reset(), "reset()")
+        else:
+            for root, written in self._carry:  # already checked and converted: one copy per leaf
+                np.copyto(root, written)
+
+    def _write(self, writer, timestep, call: str) -> None:
+        try:
+            writer(timestep)
+        except BadValue as bad:
+            raise value_error(self._env_index, call, bad.key, bad, "return timesteps whose values have the shapes "
+                              "and fit the dtypes of the env's observation_spec() and reward_spec()") from None
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _is_dm_env(obj) -> bool:
+    dm_env = sys.modules.get("dm_env")  # an env of this family means the module is already imported
+    return dm_env is not None and isinstance(obj, dm_env.Environment)
+
+
+def _stepper(env) -> DmEnvStepper | None:
+    return DmEnvStepper(env) if _is_dm_env(env) else None
+
+
+def _is_instance(obj) -> bool:
+    return _is_dm_env(obj) or (type(obj).__module__ or "").split(".")[0] == "dm_env"
+
+
+FAMILY = Family(name="dm_env", priority=30, stepper=_stepper, is_instance=_is_instance)

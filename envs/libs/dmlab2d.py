@@ -1,4 +1,5 @@
-"""DMLab2dEnv: a DeepMind Lab2D level (``dmlab2d.Lab2d`` + ``dmlab2d.Environment``) as a TorchRL env.
+"""The dmlab2d family: ``DMLab2dEnv``, a DeepMind Lab2D level (``dmlab2d.Lab2d`` + ``dmlab2d.Environment``) as a
+TorchRL env, stepped by the dm_env family's stepper with its own layout.
 
 The engine names per-player values ``"<player>.<NAME>"`` (players 1..n): observations ``"1.RGB"``, actions
 ``"1.move"``, rewards ``"1.REWARD"``. Here they are grouped under ``"agents"``, the player dimension first;
@@ -18,7 +19,7 @@ other observations (``"WORLD.RGB"``, ...) keep their engine name at the top leve
 
 With one player the layout is the same with 3 -> 1. A level without numbered names (``chase_eat``,
 ``pushbox``) has no ``"agents"`` group: observations at the top level, ``("action", NAME)``, and
-``"reward"`` ``[1]`` from the timestep. Value conversions follow ``dm_specs.py`` (integer ranges start at 0);
+``"reward"`` ``[1]`` from the timestep. Value conversions follow ``dm_env.py`` (integer ranges start at 0);
 text observations (``"GLOBAL.TEXT"``) and text actions are left out.
 
 ``dmlab2d.Lab2d`` cannot be pickled and some engines allow one instance per process: give batched envs a
@@ -26,31 +27,24 @@ constructor, ``ParallelEnv(4, lambda: DMLab2dEnv("commons_harvest"))``, and each
 """
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-try:
-    import dmlab2d
-    from dmlab2d import runfiles_helper, settings_helper
-except ModuleNotFoundError as _missing:  # the optional extra is not installed
-    if (_missing.name or "").split(".")[0] not in ("dmlab2d", "dm_env"):
-        raise
-    raise ModuleNotFoundError(
-        f"DMLab2dEnv needs the optional dmlab2d package ({_missing}); install it with: "
-        'pip install "tdcollect[dmlab2d]"',
-        name=_missing.name,
-    ) from _missing
 from tensordict import TensorDictBase
 from torchrl.data import Composite, Unbounded
 from torchrl.envs import EnvBase
 
-from .adapters import DmEnvStepper
-from .dm_specs import (
+from ..engine.shared import merge_specs, numpy_tree
+from ..engine.specs import DONE_KEYS
+from ..engine.stepper import Family
+from .dm_env import (
     OBSERVATION,
     ActionReader,
+    DmEnvStepper,
     DmLayout,
     Slot,
     TimestepWriter,
@@ -58,8 +52,9 @@ from .dm_specs import (
     leaf_to_spec,
     stacked_leaf,
 )
-from .shared import merge_specs, numpy_tree
-from .specs import DONE_KEYS
+
+if TYPE_CHECKING:
+    import dmlab2d
 
 GROUP = "agents"
 _PER_PLAYER = re.compile(r"^(\d+)\.(.+)$")
@@ -91,14 +86,14 @@ class DMLab2dEnv(EnvBase):
         self.level_name = level_name
         engine_settings = engine_settings_for(level_name, settings)
         try:
-            self._lab = dmlab2d.Lab2d(runfiles_helper.find(), engine_settings)
+            self._lab = dmlab2d_module().Lab2d(dmlab2d_module("dmlab2d.runfiles_helper").find(), engine_settings)
         except Exception as exc:  # noqa: BLE001 - the engine reports bad settings as ValueError / RuntimeError
             raise ValueError(
                 f"dmlab2d could not build level {level_name!r} with settings {engine_settings}: {exc}"
             ) from exc
         exposed, fetched = _observation_names(self._lab, observation_names)
         self._fetched = fetched
-        self._dm = dmlab2d.Environment(self._lab, fetched, seed=seed)
+        self._dm = dmlab2d_module().Environment(self._lab, fetched, seed=seed)
         self.layout = dmlab2d_layout(self._dm, exposed)
         self.full_observation_spec = self.layout.observation.clone()
         self.full_action_spec = self.layout.action.clone()
@@ -149,7 +144,7 @@ class DMLab2dEnv(EnvBase):
 
     def _set_seed(self, seed: int | None) -> None:
         """A fresh ``dmlab2d.Environment`` over the same engine, its episode seeds drawn from ``seed``."""
-        self._dm = dmlab2d.Environment(self._lab, self._fetched, seed=seed)
+        self._dm = dmlab2d_module().Environment(self._lab, self._fetched, seed=seed)
 
     def close(self, *, raise_if_closed: bool = True) -> None:
         """Release the engine (dropping the last reference frees it); idempotent."""
@@ -172,12 +167,27 @@ class LevelStepper(DmEnvStepper):
         self.level.close()
 
 
+def dmlab2d_module(module: str = "dmlab2d"):
+    """``dmlab2d`` (or one of its modules), imported when a level is built: a ``ModuleNotFoundError`` that says how to
+    install the optional package when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as missing:  # the optional extra is not installed
+        if (missing.name or "").split(".")[0] not in ("dmlab2d", "dm_env"):
+            raise
+        raise ModuleNotFoundError(
+            f"DMLab2dEnv needs the optional dmlab2d package ({missing}); install it with: "
+            'pip install "tdcollect[dmlab2d]"',
+            name=missing.name,
+        ) from missing
+
+
 def engine_settings_for(level_name: str, settings: Mapping | None) -> dict[str, str]:
     """The engine's flat string settings: ``{"levelName": level_name, **flattened settings}``."""
     settings = dict(settings or {})
     if "levelName" in settings:
         raise ValueError("give the level as DMLab2dEnv's level_name, not as settings['levelName'].")
-    return {"levelName": str(level_name), **settings_helper.flatten_args(settings)}
+    return {"levelName": str(level_name), **dmlab2d_module("dmlab2d.settings_helper").flatten_args(settings)}
 
 
 def _observation_names(lab, requested: Sequence[str] | None) -> tuple[list[str], list[str]]:
@@ -242,7 +252,8 @@ def dmlab2d_layout(env: dmlab2d.Environment, exposed: Sequence[str]) -> DmLayout
 def _place(target: Composite, specs: dict, prefix: tuple, source_root: tuple, n: int) -> list[Slot]:
     """Put each engine spec into ``target``: per-player ones stacked at ``(GROUP, *prefix, NAME)`` (shape
     ``[n, ...]``), the others at ``(*prefix, name)``; return the slots (source ``(*source_root, name)``)."""
-    slots, grouped = [], {}
+    slots = []
+    grouped = {}
     for name, spec in specs.items():
         player, base = _split(name)
         if player is None:
@@ -267,3 +278,11 @@ def _place(target: Composite, specs: dict, prefix: tuple, source_root: tuple, n:
             slots.append(Slot((*source_root, f"{player}.{base}"), (GROUP, *prefix, base), offset,
                               np.dtype(per_player[1].dtype), player - 1))
     return slots
+
+
+def _is_engine_object(obj) -> bool:
+    """A ``dmlab2d.Lab2d`` or ``dmlab2d.Environment`` (not picklable: a constructor must build it in the worker)."""
+    return (type(obj).__module__ or "").split(".")[0] == "dmlab2d"
+
+
+FAMILY = Family(name="dmlab2d", priority=40, is_instance=_is_engine_object)

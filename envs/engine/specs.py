@@ -1,35 +1,11 @@
-"""Gymnasium spaces -> TorchRL specs, and the fixed specs every env shares.
-
-The conversion is structural:
-
-=====================  ==================================================
-gymnasium space        TorchRL spec (unbatched)
-=====================  ==================================================
-``Box``                ``Bounded`` if every bound is finite, else ``Unbounded``
-``Discrete(n)``        ``Categorical(n)``, shape ``[]``, int64 (``start`` is removed)
-``MultiDiscrete``      ``MultiCategorical(nvec)``, int64 (``start`` is removed)
-``MultiBinary``        ``Binary``, the space's dtype
-``Dict``               ``Composite`` with the same keys (nested)
-``Tuple``              ``Composite`` with keys ``"0"``, ``"1"``, ...
-=====================  ==================================================
-
-Rewards are ``float32`` of shape ``[1]``; ``done`` / ``terminated`` / ``truncated`` are ``bool`` of shape ``[1]``.
-"""
+"""The specs every env shares (reward ``float32 [1]``; ``done`` / ``terminated`` / ``truncated`` ``bool [1]``) and
+the checks that the envs of one batched env (or the workers of one start-up) agree on their specs. The families
+convert their own spaces / specs (``tdcollect.envs.libs``)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
-from gymnasium import spaces
-from torchrl.data import (
-    Binary,
-    Bounded,
-    Categorical,
-    Composite,
-    MultiCategorical,
-    NonTensor,
-    TensorSpec,
-    Unbounded,
-)
+from torchrl.data import Categorical, Composite, NonTensor, TensorSpec, Unbounded
 
 from .errors import SpecMismatchError
 
@@ -39,48 +15,6 @@ DONE_KEYS = ("done", "terminated", "truncated")
 def torch_dtype(np_dtype) -> torch.dtype:
     """The torch dtype that holds values of a numpy dtype."""
     return torch.from_numpy(np.zeros((), dtype=np_dtype)).dtype
-
-
-def space_to_spec(space: spaces.Space) -> TensorSpec:
-    """Convert one gymnasium space into the matching unbatched TorchRL spec (see the module table)."""
-    if isinstance(space, spaces.Box):
-        dtype = torch_dtype(space.dtype)
-        low, high = np.asarray(space.low), np.asarray(space.high)
-        if np.isfinite(low).all() and np.isfinite(high).all():
-            return Bounded(
-                low=torch.as_tensor(low, dtype=dtype),
-                high=torch.as_tensor(high, dtype=dtype),
-                shape=space.shape,
-                dtype=dtype,
-            )
-        return Unbounded(shape=space.shape, dtype=dtype)
-    if isinstance(space, spaces.Discrete):
-        return Categorical(int(space.n), shape=(), dtype=torch.int64)
-    if isinstance(space, spaces.MultiDiscrete):
-        return MultiCategorical(torch.as_tensor(space.nvec), shape=space.shape, dtype=torch.int64)
-    if isinstance(space, spaces.MultiBinary):
-        return Binary(shape=space.shape, dtype=torch_dtype(space.dtype))
-    if isinstance(space, spaces.Dict):
-        return Composite({key: space_to_spec(sub) for key, sub in space.spaces.items()}, shape=())
-    if isinstance(space, spaces.Tuple):
-        return Composite({str(i): space_to_spec(sub) for i, sub in enumerate(space.spaces)}, shape=())
-    raise TypeError(
-        f"gymnasium space {space!r} has no TorchRL counterpart here; supported spaces are "
-        "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple."
-    )
-
-
-def observation_spec_from_space(space: spaces.Space) -> Composite:
-    """Full observation spec: Dict/Tuple entries become top-level keys, anything else is ``"observation"``."""
-    spec = space_to_spec(space)
-    if isinstance(spec, Composite):
-        return spec
-    return Composite(observation=spec, shape=())
-
-
-def action_spec_from_space(space: spaces.Space) -> Composite:
-    """Full action spec: always under the key ``"action"`` (a nested Composite for Dict/Tuple spaces)."""
-    return Composite(action=space_to_spec(space), shape=())
 
 
 def reward_spec() -> Composite:

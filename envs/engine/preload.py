@@ -1,11 +1,11 @@
 """Costly imports paid once: env families whose import takes seconds, imported before workers start.
 
-``import meltingpot`` imports tensorflow (about 5 s of one core here). Forked workers of a main process that has
-not imported it each import it again, all at once; on 2 cores, 4 workers take 17 s to their first batch where a
-main process that imported it first takes 11 s (commons_harvest__open, measured in ``benchmarks/meltingpot.py``).
-So when an env constructor refers to such a family (MeltingPot's own modules, or TorchRL's ``MeltingpotEnv``),
-the owner imports it before starting its workers: with ``fork`` the workers inherit it; with ``forkserver`` the
-server preloads it once; with ``spawn`` nothing can be shared and nothing is done.
+An env family may declare such imports (``Family.costly_imports``: ``{module prefix a constructor may refer to:
+module worth importing once}``): one import that takes 5 s of one core, made by 4 forked workers at once on 2 cores,
+takes them 17 s to their first batch where a main process that imported it first takes 11 s (measured on a
+multi-player substrate in the benchmarks). So when an env constructor refers to such a module, the
+owner imports it before starting its workers: with ``fork`` the workers inherit it; with ``forkserver`` the server
+preloads it once; with ``spawn`` nothing can be shared and nothing is done.
 """
 from __future__ import annotations
 
@@ -14,19 +14,16 @@ import importlib
 import types
 from collections.abc import Callable, Iterable
 
-#: module prefix a constructor may refer to -> the module worth importing once
-COSTLY_FAMILIES = {
-    "meltingpot": "meltingpot.substrate",
-    "torchrl.envs.libs.meltingpot": "meltingpot.substrate",
-}
 _MAX_OBJECTS = 200  # how many objects one constructor's references are followed through
 
 
-def costly_imports(fn: Callable) -> set[str]:
-    """The modules of :data:`COSTLY_FAMILIES` that ``fn`` refers to or imports: through ``functools.partial``
-    arguments, closures, default arguments, and the names its code (nested lambdas included) reads or imports,
-    following the functions it finds the same way."""
-    found, seen, todo = set(), set(), [fn]
+def costly_imports(fn: Callable, costly: dict[str, str]) -> set[str]:
+    """The modules of ``costly`` (``{module prefix: module to import}``) that ``fn`` refers to or imports: through
+    ``functools.partial`` arguments, closures, default arguments, and the names its code (nested lambdas included)
+    reads or imports, following the functions it finds the same way."""
+    found = set()
+    seen = set()
+    todo = [fn]
     while todo and len(seen) < _MAX_OBJECTS:
         obj = todo.pop()
         if id(obj) in seen:
@@ -35,8 +32,8 @@ def costly_imports(fn: Callable) -> set[str]:
         name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
         names = {name if isinstance(name, str) else type(obj).__module__}
         if isinstance(obj, types.FunctionType):
-            names |= _global_names(obj.__code__)  # modules it imports itself: "from meltingpot import ..."
-        found |= {module for prefix, module in COSTLY_FAMILIES.items()
+            names |= _global_names(obj.__code__)  # modules it imports itself: "from <module> import ..."
+        found |= {module for prefix, module in costly.items()
                   for n in names if n == prefix or n.startswith(prefix + ".")}
         todo.extend(_references(obj))
     return found

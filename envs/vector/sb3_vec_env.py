@@ -16,9 +16,9 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from .user_warnings import warn_caller
-from .vector_core import EngineCore, EngineWorkers
-from .vector_worker import RESET, SAME_STEP, STEP
+from ..engine.user_warnings import warn_caller
+from .core import EngineCore, EngineWorkers
+from .worker import RESET, SAME_STEP, STEP
 
 __all__ = ["ParallelVecEnv"]
 

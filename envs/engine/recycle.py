@@ -60,7 +60,9 @@ class Recycler:
     """Hands out uninitialised tensors whose memory is reused once nobody holds it (see the module docstring)."""
 
     def __init__(self, keep: int = KEEP, min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES):
-        self.keep, self.min_bytes, self.max_bytes = keep, min_bytes, max_bytes
+        self.keep = keep
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
         self._buffers: OrderedDict[int, list[np.ndarray]] = OrderedDict()  # nbytes -> kept buffers, oldest first
 
     def empty(self, shape, dtype: torch.dtype) -> torch.Tensor:
@@ -152,18 +154,26 @@ class OutputSlots:
     None)."""
 
     def __init__(self):
-        self.wanted, self.keys = False, []
+        self.wanted = False
+        self.keys = []
         self.forget()
         retire_before_fork(self)
 
     def forget(self) -> None:
         """No slots (the env closed: the tensors handed out stay valid, their memory lives as long as they do)."""
-        self.made, self.buffers, self.restarts, self.filled, self._arrays = False, None, None, None, []
+        self.made = False
+        self.buffers = None
+        self.restarts = None
+        self.filled = None
+        self._arrays = []
 
     def hold(self, buffers: TensorDictBase, keys: list[str], order: list[str], copy_small) -> None:
         self.buffers = buffers
         self._arrays = [tuple(slot.get(("next", key)).numpy() for key in keys) for slot in buffers.unbind(0)]
-        self.keys, self._order, self._copy_small, self._last = keys, order, copy_small, -1
+        self.keys = keys
+        self._order = order
+        self._copy_small = copy_small
+        self._last = -1
 
     def free(self) -> int | None:
         """A slot that nothing holds (looking from the one after the last handed out), or None."""

@@ -1,10 +1,10 @@
-"""What the two vector facades (``vector.ParallelVectorEnv``, ``sb3_vec_env.ParallelVecEnv``) share: a
-ParallelEnv running the users' gymnasium envs behind ``vector_worker.EngineEnv`` (each built in its worker, never
+"""What the two vector facades (``gymnasium_vector.ParallelVectorEnv``, ``sb3_vec_env.ParallelVecEnv``) share: a
+ParallelEnv running the users' gymnasium envs behind ``worker.EngineEnv`` (each built in its worker, never
 here: the spaces, metadata and render mode of each env are asked from the workers after the start-up), the infos
-they post, calls into the workers (their errors: ``vector_errors``), and numpy in and out of the step buffers:
+they post, calls into the workers (their errors: ``errors.py``), and numpy in and out of the step buffers:
 observations read in the structure of a gym space, actions checked and written.
 
-Buffer keys (``vector_worker.engine_space`` decides them): a plain observation space lives under ``"observation"``;
+Buffer keys (``worker.engine_space`` decides them): a plain observation space lives under ``"observation"``;
 a ``Dict``/``Tuple`` one under ``("obs", ...)`` with the space's keys (``"0"``, ``"1"``, ... for a ``Tuple``).
 Actions live under ``"action"`` (``("action", key, ...)`` for ``Dict``/``Tuple`` spaces), with the ``start`` of
 ``Discrete``/``MultiDiscrete`` spaces removed (the workers add it back). Spaces the buffers cannot hold travel
@@ -22,13 +22,13 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from tensordict import TensorDictBase
 
-from .errors import EnvWorkerError, SpecMismatchError
-from .factories import check_factory
-from .parallel import ParallelEnv
-from .platform_policy import check_start_method, split_envs
-from .shared import key_tuple, numpy_view
-from .vector_errors import SpaceMismatchError, call_result, unpickled, worker_exception
-from .vector_worker import FINAL, NEXT_OBS, NEXT_STEP, RESET, ROOT_OBS, STEP, WorkerFactory, travels_pickled
+from ..engine.errors import EnvWorkerError, SpecMismatchError
+from ..engine.platform_policy import check_start_method, split_envs
+from ..engine.shared import key_tuple, numpy_view
+from ..factories import check_factory
+from ..parallel import ParallelEnv
+from .errors import SpaceMismatchError, call_result, unpickled, worker_exception
+from .worker import FINAL, NEXT_OBS, NEXT_STEP, RESET, ROOT_OBS, STEP, WorkerFactory, travels_pickled
 
 
 class VectorEngine(ParallelEnv):
@@ -75,7 +75,8 @@ class ClosedUnder:
     __slots__ = ("face", "what")
 
     def __init__(self, face, what: str):
-        self.face, self.what = face, what
+        self.face = face
+        self.what = what
 
     def __enter__(self) -> None:
         return None
@@ -89,9 +90,9 @@ class ClosedUnder:
 
 class EngineCore:
     """The envs of ``env_fns`` in ``num_workers`` processes of ``envs_per_worker`` envs each (env ``i`` in worker
-    ``i // envs_per_worker``), stepped with autoreset ``mode`` (``vector_worker.SAME_STEP`` / ``NEXT_STEP`` /
+    ``i // envs_per_worker``), stepped with autoreset ``mode`` (``worker.SAME_STEP`` / ``NEXT_STEP`` /
     ``DISABLED``). ``pickled`` (None, ``"gymnasium"`` or ``"any"``): which spaces the buffers cannot hold travel
-    pickled instead of being refused (``vector_worker.travels_pickled``).
+    pickled instead of being refused (``worker.travels_pickled``).
 
     Attributes: ``num_envs``; ``spaces`` (per env: ``{"observation_space", "action_space", "metadata",
     "render_mode"}``, asked from the workers); ``observations`` (:class:`Observations`, or
@@ -109,9 +110,13 @@ class EngineCore:
         fns = list(env_fns)
         for fn in fns:
             check_factory(fn, owner)
-        self.owner, self.num_envs, self.closing, self.mode = owner, len(fns), False, mode
+        self.owner = owner
+        self.num_envs = len(fns)
+        self.closing = False
+        self.mode = mode
         workers, k = split_envs(self.num_envs, num_workers, envs_per_worker, owner)
-        self.num_workers, self.envs_per_worker = workers, k
+        self.num_workers = workers
+        self.envs_per_worker = k
         self._posted: dict[int, dict] = {}  # env index -> {kind: pickled value} taken from the engine, not yet read
         self._reset_steps: np.ndarray | None = None  # see start_step
         # what finish_* needs of start_*: (envs not stepped, restarts before), the reset mask, (op, indices)
@@ -242,7 +247,7 @@ class EngineCore:
 
     # ----------------------------------------------------------------- calls
     def request(self, op: str, indices, args: tuple | list = ()) -> list:
-        """Run ``vector_worker.OPS[op]`` on env ``i`` for each ``i`` in ``indices`` (in that order) with ``args``
+        """Run ``worker.OPS[op]`` on env ``i`` for each ``i`` in ``indices`` (in that order) with ``args``
         (one tuple for all, or a list of one tuple per index); the results in the same order. An exception
         raised by an env is raised here, with the env index and the worker's traceback in a note. Blocking."""
         self.start_request(op, indices, args)
@@ -252,7 +257,8 @@ class EngineCore:
         """Begin the requests (see :meth:`request`): every env gets them all, and runs its own
         (``EngineEnv.serve_requests``)."""
         indices = [int(i) for i in indices]
-        self._requested, requests = (op, indices), {}
+        self._requested = (op, indices)
+        requests = {}
         for position, i in enumerate(indices):
             requests.setdefault(i, []).append((position, op, args[position] if isinstance(args, list) else args))
         self._engine(self.engine.begin, "call", call=(("serve_requests",), "call", (requests,), None))
@@ -271,7 +277,7 @@ class EngineCore:
     @staticmethod
     def _engine(method: Callable, *args, **kwargs):
         """``method(*args, **kwargs)`` of the engine; an env's :class:`EnvWorkerError` raised as
-        :func:`~.vector_errors.worker_exception` makes it (the env's own type)."""
+        :func:`~.errors.worker_exception` makes it (the env's own type)."""
         try:
             return method(*args, **kwargs)
         except EnvWorkerError as err:
@@ -308,11 +314,12 @@ class Observations:
 
 class PickledObservations:
     """The same interface as :class:`Observations` for a space the buffers cannot hold: each env's last
-    observation as its env posted it (pickled, ``vector_worker.NEXT_OBS`` / ``ROOT_OBS``), batched as gymnasium
+    observation as its env posted it (pickled, ``worker.NEXT_OBS`` / ``ROOT_OBS``), batched as gymnasium
     batches such a space (``concatenate``: a tuple with one entry per env)."""
 
     def __init__(self, space: spaces.Space, num_envs: int):
-        self.space, self.num_envs = space, num_envs
+        self.space = space
+        self.num_envs = num_envs
         self._last = {"root": [None] * num_envs, "next": [None] * num_envs}
 
     def update(self, posts: list[dict] | None) -> None:
@@ -342,7 +349,9 @@ class PickledActions:
     (``iterate``), and hands them to ``send`` (``send(actions)``: one call to every env)."""
 
     def __init__(self, space: spaces.Space, num_envs: int, send):
-        self.batched, self.num_envs, self.send = batch_space(space, num_envs), num_envs, send
+        self.batched = batch_space(space, num_envs)
+        self.num_envs = num_envs
+        self.send = send
 
     def write(self, actions) -> None:
         per_env = list(iterate(self.batched, actions))
@@ -365,7 +374,7 @@ def _read(node, index, copy: bool):
     if kind is None:
         view, dtype = content
         value = view[index]
-        if dtype is not None:  # held in a wider type (vector_worker.WIDENED)
+        if dtype is not None:  # held in a wider type (worker.WIDENED)
             return np.asarray(value).astype(dtype)[()] if np.ndim(value) == 0 else value.astype(dtype)
         return value.copy() if copy else value
     if kind is dict:

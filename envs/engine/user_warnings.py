@@ -15,7 +15,8 @@ def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     this package and the libraries of :data:`PASSED_THROUGH` (the user's ``env.step(td)``, ``for batch in
     collector``, ...), whichever path of ours or theirs it took; the caller's frame when every frame is one of
     theirs (e.g. in a worker process)."""
-    frame, level = sys._getframe(1), 2
+    frame = sys._getframe(1)
+    level = 2
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in PASSED_THROUGH:
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)

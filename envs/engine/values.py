@@ -1,7 +1,7 @@
 """What may be stored in a buffer: the checks every writer of an env's values makes, and the opt-in check of
 finite values.
 
-Always on (in every stepper, on every step, see ``adapters.py`` and ``dm_specs.py``): a value is stored only if
+Always on (in every stepper, on every step, see the families in ``tdcollect.envs.libs``): a value is stored only if
 it keeps its value in the buffer's dtype. ``None`` is refused where a number is expected (numpy would store NaN
 in a float buffer and False in a bool one); a cast that can change a value (int64 -> uint8, float -> int,
 int -> bool, ...) is allowed only when every value fits: 300 never becomes 44 in a ``uint8`` buffer. Casts
@@ -27,7 +27,8 @@ class BadValue(ValueError):
 
     def __init__(self, what: str, key=None):
         super().__init__(what)
-        self.what, self.key = what, key
+        self.what = what
+        self.key = key
 
 
 def keeps_values(src: np.dtype, dst: np.dtype) -> bool:
@@ -72,7 +73,8 @@ class Guard:
             array = np.asarray(value)
         except (TypeError, ValueError) as err:
             raise BadValue(f"{_show(value)}, which is not an array of numbers ({err})") from None
-        src, dst = array.dtype, self.dtype
+        src = array.dtype
+        dst = self.dtype
         if src.kind not in "biuf":
             raise BadValue(f"{_show(value)} of dtype {src}, where numbers of dtype {dst} are expected")
         if keeps_values(src, dst) or array.size == 0:
@@ -106,6 +108,16 @@ def value_error(env: int | str, call: str, key, bad: BadValue, hint: str) -> Val
     """The ``ValueError`` for a value :class:`Guard` refused: the env, the call, the key, what was wrong, the fix."""
     name = key[0] if isinstance(key, tuple) and len(key) == 1 else key
     return ValueError(f"env {env}: {call} returned {name!r} = {bad.what}. Values are never changed on their way into "
+                      f"the batched env's buffers: {hint}.")
+
+
+def broadcast_error(env: int | str, call: str, what: str, received, declared: str, hint: str) -> ValueError:
+    """The ``ValueError`` for a value of the wrong shape: ``env`` (its index), ``call`` (``"step()"``), ``what``
+    (the value, e.g. ``"observation 'pixels'"``), ``received`` (its shape, or None for a value with no single shape,
+    a ragged list), ``declared`` (what the env's space or spec declares) and ``hint`` (the fix). Values are never
+    broadcast into the buffers: numpy would turn a ``(1,)`` observation into ``[v, v, v, v]``."""
+    got = "a value with no single shape" if received is None else f"shape {tuple(received)}"
+    return ValueError(f"env {env}: {call} returned {what} with {got}, but {declared}. Values are never broadcast into "
                       f"the batched env's buffers: {hint}.")
 
 

@@ -2,7 +2,7 @@
 the start-up handshake, the worker's serving loop (:class:`WorkerChannel`) and the wait strategy (:class:`Wait`).
 It imports nothing of this package but its errors: the bottom of the engine.
 
-Two kinds of workers speak it: ParallelEnv workers (``env_worker.py``) and MultiSyncCollector workers
+Two kinds of workers speak it: ParallelEnv workers (``worker.py``) and MultiSyncCollector workers
 (``collectors/worker.py``). The main side is :class:`~tdcollect.envs.pool.WorkerPool`.
 
 Channels
@@ -28,7 +28,7 @@ Start-up handshake (the same for a first start and for a restart)
 ===========================  =============================================  ===============================
 worker                       info / payload / reply                         shared buffers
 ===========================  =============================================  ===============================
-ParallelEnv (env_worker.py)  EnvSpecs of its envs / ``(buffers,             ``buffers`` [num_envs] (see
+ParallelEnv (worker.py)      EnvSpecs of its envs / ``(buffers,             ``buffers`` [num_envs] (see
                              reset_mask, step_mask)`` / its pid             ``shared.py``; worker ``w`` uses
                                                                             rows ``first:first+k``);
                                                                             ``reset_mask`` bool [num_envs,
@@ -104,14 +104,21 @@ import torch
 from .errors import error_report
 
 # command codes
-STEP, RESET, COLLECT, COLLECT_RANDOM, PARTIAL_STEP = 1, 2, 3, 4, 5
+STEP = 1
+RESET = 2
+COLLECT = 3
+COLLECT_RANDOM = 4
+PARTIAL_STEP = 5
 OUTPUT_SLOTS = 4  # output slots of a ParallelEnv (see SLOT_STEP)
 SLOT_STEP = tuple(range(8, 8 + OUTPUT_SLOTS))  # into output slot 0 .. OUTPUT_SLOTS - 1
 ROLL = 8 + OUTPUT_SLOTS
-CALL, CLOSE = 100, 101
+CALL = 100
+CLOSE = 101
 NOTIFY = 0x100
 # status codes (REPLIED: done, and one answer follows on the pipe)
-OK, FAILED, REPLIED = 0, 1, 2
+OK = 0
+FAILED = 1
+REPLIED = 2
 # what each command is called in error messages ("worker 2 raised ... during <name>")
 COMMAND_NAMES = {
     STEP: "step", PARTIAL_STEP: "partial step", **dict.fromkeys((*SLOT_STEP, ROLL), "step"),
@@ -156,11 +163,16 @@ class WorkerChannel:
 
     def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
                  spin: torch.Tensor | None = None, any_done=None, die_with_parent: bool = True):
-        self.index, self.conn, self.wake, self.done = index, conn, wake, done
-        self.command_tensor, self.status_tensor = command, status
+        self.index = index
+        self.conn = conn
+        self.wake = wake
+        self.done = done
+        self.command_tensor = command
+        self.status_tensor = status
         #: ``[spin_s]`` in shared memory (the main process may change it), or None: block at once
         self.spin_tensor = spin
-        self.any_done, self.die_with_parent = any_done, die_with_parent
+        self.any_done = any_done
+        self.die_with_parent = die_with_parent
 
     def start(self) -> None:
         """First thing in a worker: die with the main process (see :func:`_die_with_parent`); leave Ctrl-C to
@@ -207,7 +219,9 @@ class WorkerChannel:
     def serve(self, handlers: dict[int, Callable[[], Any]], calls: dict[str, Callable]) -> None:
         """The serving loop (see the module docstring), until ``CLOSE`` or until the main process is gone:
         ``handlers`` per command code, ``calls`` what ``CALL`` may run, by name."""
-        command, status, index = self.command_tensor.numpy(), self.status_tensor.numpy(), self.index
+        command = self.command_tensor.numpy()
+        status = self.status_tensor.numpy()
+        index = self.index
         spin = self.spin_tensor.numpy() if self.spin_tensor is not None else (0.0,)
         wait = Wait()
         while True:

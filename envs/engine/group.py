@@ -1,7 +1,9 @@
-"""EnvGroup: k envs in one process stepping into a ``[k]`` slice of the buffers.
+"""EnvGroup: k envs in one process stepping into a ``[k]`` slice of the buffers, each through its family's stepper
+(``stepper.py``).
 
 This is what :class:`~tdcollect.envs.SerialEnv` runs in the main process and what every
-:class:`~tdcollect.envs.ParallelEnv` worker runs in its own process, so both produce the same data.
+:class:`~tdcollect.envs.ParallelEnv` worker runs in its own process, so both produce the same data. Also here:
+TorchRL's seed chain and the worker side of forwarded attributes (:func:`resolve_on_env`).
 """
 from __future__ import annotations
 
@@ -12,10 +14,9 @@ import numpy as np
 from tensordict import TensorDictBase
 from torchrl._utils import seed_generator
 
-from .adapters import TorchRLStepper, block_stepper, make_stepper
-from .forwarding import resolve_on_env
 from .shared import BufferViews, EnvSpecs
 from .specs import check_same_specs
+from .stepper import Family, block_stepper, make_stepper
 
 
 def seed_chain(seed: int, count: int, static_seed: bool = False) -> list[int]:
@@ -38,14 +39,32 @@ def env_index() -> int | None:
     return _BUILDING[-1] if _BUILDING else None
 
 
+def resolve_on_env(env: Any, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None):
+    """Follow ``path`` from ``env`` (the worker side of a forwarded attribute, see ``tdcollect.envs.forwarding``);
+    ``op`` is ``"has"`` (does the attribute exist), ``"get"`` (its value) or ``"call"`` (call it with ``args`` /
+    ``kwargs``)."""
+    obj = env
+    for name in path[:-1]:
+        obj = getattr(obj, name)
+    if op == "has":
+        return hasattr(obj, path[-1])
+    value = getattr(obj, path[-1])
+    if op == "call" and (callable(value) or args or kwargs):
+        return value(*args, **(kwargs or {}))
+    return value  # calling a plain attribute without arguments reads it, as TorchRL's batched envs do
+
+
 class EnvGroup:
     """Builds one env per factory (here, in this process) and steps them one after the other.
 
+    ``families``: the env families it steps (``tdcollect.envs.libs.registered()``), tried in order.
     ``first_index`` is the global index of the group's first env (used in error messages and by :func:`env_index`).
     """
 
-    def __init__(self, factories: Sequence[Callable[[], Any]], owner: str, first_index: int = 0):
+    def __init__(self, factories: Sequence[Callable[[], Any]], owner: str, families: Sequence[Family],
+                 first_index: int = 0):
         self.steppers = []
+        self.families = tuple(families)
         self.first_index = first_index
         try:
             for i, fn in enumerate(factories):
@@ -54,7 +73,7 @@ class EnvGroup:
                     env = fn()
                 finally:
                     _BUILDING.pop()
-                self.steppers.append(make_stepper(env, owner))
+                self.steppers.append(make_stepper(env, self.families, owner))
             self.specs: EnvSpecs = self.steppers[0].specs
             check_same_specs({f"env {first_index + i}": stepper.specs for i, stepper in enumerate(self.steppers)},
                              "All envs of one batched env must share their specs.")
@@ -71,7 +90,7 @@ class EnvGroup:
 
     @property
     def block(self):
-        """The ``adapters.GymBlockStepper`` stepping all the envs at once, or None (they step one by one)."""
+        """The block stepper (``stepper.BlockStepper``) stepping all the envs at once, or None (one by one)."""
         return self._block
 
     def __len__(self) -> int:
@@ -82,16 +101,17 @@ class EnvGroup:
         views = BufferViews(buffers, self.first_index)
         for i, stepper in enumerate(self.steppers):
             stepper.bind(views, i)
-        self._block = block_stepper(self.steppers, views)
+        self._block = block_stepper(self.steppers, views, self.families)
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the envs one after the other as TorchRL's batched envs do: the first gets ``seed``, each next one
         the seed returned for the previous (``seed_generator(seed)``, or ``seed`` itself with ``static_seed``).
-        A TorchRL env is seeded now with its ``set_seed``; any other env at its next reset (then forgotten: later
-        resets continue its RNG). Returns the seed for an env after these."""
+        An env whose stepper has ``set_seed`` (a TorchRL env) is seeded now; any other env at its next reset (then
+        forgotten: later resets continue its RNG). Returns the seed for an env after these."""
         for i, stepper in enumerate(self.steppers):
-            if isinstance(stepper, TorchRLStepper):
-                seed = stepper.env.set_seed(seed, static_seed=static_seed)
+            seed_now = getattr(stepper, "set_seed", None)
+            if seed_now is not None:
+                seed = seed_now(seed, static_seed)
                 continue
             self._seeds[i] = seed
             if seed is not None and not static_seed:
@@ -99,7 +119,7 @@ class EnvGroup:
         return seed
 
     def env_attribute(self, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None) -> list:
-        """:func:`~tdcollect.envs.forwarding.resolve_on_env` on every env: one result per env."""
+        """:func:`resolve_on_env` on every env: one result per env."""
         return [resolve_on_env(stepper.env, path, op, args, kwargs) for stepper in self.steppers]
 
     def reset(self, mask: np.ndarray | None = None) -> list | None:
@@ -132,7 +152,7 @@ class EnvGroup:
     def step(self, mask: np.ndarray | None = None) -> list | None:
         """Step every env (``mask is None``) or those where ``mask`` (bool ``[k]``) is True, with its row of the
         action buffer (auto-resetting the ones that end); all of them as one block when the envs allow it (see
-        ``adapters.block_stepper``). The rows of envs not stepped are left as they are. Returns the stepped envs'
+        ``stepper.block_stepper``). The rows of envs not stepped are left as they are. Returns the stepped envs'
         non-tensor entries (see :meth:`objects_of`)."""
         if mask is None and self._block is not None:
             self._block.step()

@@ -1,4 +1,5 @@
-"""The worker side of the vector facades (``vector.py``, ``sb3_vec_env.py``): what runs inside ParallelEnv's workers.
+"""The worker side of the vector faces (``gymnasium_vector.py``, ``sb3_vec_env.py``): what runs inside ParallelEnv's
+workers.
 
 Each user env is built in its worker by a :class:`WorkerFactory` and stepped by the engine behind an
 :class:`EngineEnv`, which adds what the facades need on top of the engine's steps:
@@ -8,11 +9,11 @@ Each user env is built in its worker by a :class:`WorkerFactory` and stepped by 
   The engine carries the posts with the worker's answer to the step or reset (``EnvGroup.take_posts``), and a
   worker whose envs posted nothing sends no answer: envs without infos cost one ``if`` per step.
 - **autoreset modes**: the engine resets an env in the step where it ended, through :meth:`EngineEnv.engine_autoreset`
-  (see ``adapters.py``). ``SAME_STEP`` resets it then; ``NEXT_STEP`` keeps the final state for one more step and
+  (see ``libs/gym.py``). ``SAME_STEP`` resets it then; ``NEXT_STEP`` keeps the final state for one more step and
   resets on the following one (whose action is ignored); ``DISABLED`` keeps the final state until the main process
   asks for a reset. ``reset()`` runs only the resets the main process asks for (and a restarted worker's first one;
   after a step that restarted workers, the main process gives their envs ``NEXT_STEP``'s reset step itself, see
-  ``vector_core.EngineCore.step``).
+  ``core.EngineCore.step``).
 - **observation spaces** as the engine sees them (:func:`engine_space`): bounds dropped (envs of one batch may
   differ in bounds), ``Discrete``/``MultiDiscrete`` as integer ``Box`` (values are moved as they are, no
   ``start`` shift), unsigned integers wider than a byte in a wider signed type (:data:`WIDENED`), a
@@ -37,12 +38,18 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .errors import pickled_exception
-from .group import env_index
+from ..engine.errors import pickled_exception
+from ..engine.group import env_index
 
-SAME_STEP, NEXT_STEP, DISABLED = "same-step", "next-step", "disabled"
+SAME_STEP = "same-step"
+NEXT_STEP = "next-step"
+DISABLED = "disabled"
 #: kinds of posts (see the module docstring)
-STEP, RESET, FINAL, NEXT_OBS, ROOT_OBS = 0, 1, 2, 3, 4
+STEP = 0
+RESET = 1
+FINAL = 2
+NEXT_OBS = 3
+ROOT_OBS = 4
 #: what the engine holds for a space it cannot (pickled spaces, see the module docstring); its value is always 0
 PLACEHOLDER = spaces.Box(0, 1, (1,), np.uint8)
 _PLACEHOLDER_VALUE = np.zeros(1, np.uint8)
@@ -154,13 +161,16 @@ class EngineEnv(gym.Env):
     ``pickled``: spaces the buffers cannot hold travel pickled, see the module docstring)."""
 
     def __init__(self, env: gym.Env, index: int, mode: str, post_final_observation: bool, pickled: str | None = None):
-        self.env, self.index, self.mode = env, index, mode
+        self.env = env
+        self.index = index
+        self.mode = mode
         # a Box observation is read back from the buffers exactly; any other is posted as the env returned it
         self.post_final_observation = post_final_observation and not isinstance(env.observation_space, spaces.Box)
         self.observation_space = engine_space(env.observation_space, pickled)
         self._posts_obs = self.observation_space is PLACEHOLDER
         if travels_pickled(env.action_space, pickled):
-            self.action_space, self._cast_action = PLACEHOLDER, None
+            self.action_space = PLACEHOLDER
+            self._cast_action = None
         else:
             self.action_space, self._cast_action = engine_action_space(env.action_space)
         self._sent_action = None  # the next action, when actions travel pickled (``set_action``)
@@ -263,8 +273,12 @@ class WorkerFactory:
 
     def __init__(self, first_index: int, env_fns: Sequence[Callable], mode: str, post_final_observation: bool,
                  wrap_env: Callable | None = None, pickled: str | None = None):
-        self.first_index, self.env_fns, self.mode = first_index, list(env_fns), mode
-        self.post_final_observation, self.wrap_env, self.pickled = post_final_observation, wrap_env, pickled
+        self.first_index = first_index
+        self.env_fns = list(env_fns)
+        self.mode = mode
+        self.post_final_observation = post_final_observation
+        self.wrap_env = wrap_env
+        self.pickled = pickled
 
     def __call__(self) -> EngineEnv:
         index = env_index()

@@ -11,8 +11,8 @@ import torch
 
 from .group import EnvGroup
 from .protocol import PARTIAL_STEP, RESET, ROLL, SLOT_STEP, STEP, WorkerChannel
+from .recording import StepRecorder
 from .recycle import populate
-from .rollout import StepRecorder
 from .shared import SlotCopy, key_tuple
 
 
@@ -21,7 +21,8 @@ class SlotCopies:
     output slot ``p`` (bound by the ``bind_slots`` call)."""
 
     def __init__(self, group, buffers):
-        self.group, self.buffers = group, buffers  # buffers: the worker's rows
+        self.group = group  # buffers: the worker's rows
+        self.buffers = buffers
         self.copies: dict[int, SlotCopy] = {}  # per command code
 
     def bind_slots(self, slots, rows: slice) -> None:
@@ -38,12 +39,14 @@ class Recording:
     """A ParallelEnv worker's ``ROLL``: steps ``t0 .. t1 - 1`` of a rollout run here one after the other, each
     recorded straight into this worker's rows of the rollout's storage (shared memory, bound by the
     ``bind_rollout`` call): the main process waits once for the whole span (see ``worker_rollout.py``). Envs stepped
-    as one block (``adapters.GymBlockStepper``) write their observations into the storage's columns themselves
+    as one block (``libs.gym.GymBlockStepper``) write their observations into the storage's columns themselves
     (the "next" at ``t``, the root at ``t + 1``), the other entries are copied there from the buffers; after a
     span the buffers hold its last step, as after a step."""
 
     def __init__(self, group, buffers, index: int):
-        self.group, self.buffers, self.index = group, buffers, index  # buffers: the worker's rows
+        self.group = group  # buffers: the worker's rows
+        self.buffers = buffers
+        self.index = index
         self.recorders: dict[int, tuple] = {}  # storage key -> (its recorder, its steps, its observation columns)
         self.control = None  # this worker's (key, t0, t1)
 
@@ -57,8 +60,10 @@ class Recording:
                 populate(array[rows])
         self.recorders = {k: v for k, v in self.recorders.items() if k in keys}
         self.control = control[self.index].numpy()
-        buffers, columns = self.buffers, None
-        root, next_ = buffers["root"], buffers["next"]
+        buffers = self.buffers
+        columns = None
+        root = buffers["root"]
+        next_ = buffers["next"]
         if self.group.block is not None:  # (one observation key, "observation")
             columns = (storage.get(("next", "observation")).numpy(), storage.get("observation").numpy())
             root, next_ = root.exclude("observation"), next_.exclude("observation")
@@ -69,7 +74,8 @@ class Recording:
     def roll(self) -> None:
         control = self.control
         recorder, steps, columns = self.recorders[int(control[0])]
-        t0, t1 = int(control[1]), int(control[2])
+        t0 = int(control[1])
+        t1 = int(control[2])
         block = self.group.block if columns is not None else None
         try:
             for t in range(t0, t1):
@@ -92,14 +98,16 @@ class Recording:
                         np.copyto(block.buffer_observations[1], columns[1][:, last + 1])
 
 
-def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, threads: int = 1) -> None:
-    """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor)
-    here, in this process, with ``threads`` torch threads, then serves ``STEP``, ``SLOT_STEP``, ``ROLL``, ``RESET``
-    and the calls ``set_seed``, ``env_attribute`` (its :class:`EnvGroup`'s), ``bind_slots`` and ``bind_rollout``."""
+def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, families: tuple,
+                   threads: int = 1) -> None:
+    """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor) here, in
+    this process, stepped through ``families`` (``stepper.Family``), with ``threads`` torch threads, then serves
+    ``STEP``, ``SLOT_STEP``, ``ROLL``, ``RESET`` and the calls ``set_seed``, ``env_attribute`` (its
+    :class:`EnvGroup`'s), ``bind_slots`` and ``bind_rollout``."""
     channel.start()
     torch.set_num_threads(threads)
     try:
-        group = EnvGroup([factory] * envs_per_worker, owner="ParallelEnv", first_index=first_env)
+        group = EnvGroup([factory] * envs_per_worker, "ParallelEnv", families, first_index=first_env)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the main process
         channel.fail_start(exc)
     try:
@@ -112,7 +120,8 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
             group.bind(buffers[rows])
         except BaseException as exc:  # noqa: BLE001 - reported to the main process
             channel.fail_start(exc, "start-up")
-        resets, steps = reset_mask[rows].numpy(), step_mask[rows].numpy()
+        resets = reset_mask[rows].numpy()
+        steps = step_mask[rows].numpy()
         slot_copies = SlotCopies(group, buffers[rows])
         recording = Recording(group, buffers[rows], channel.index)
         if channel.ready(os.getpid()):
@@ -120,7 +129,8 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
             def answered(run, *args) -> tuple | None:
                 """``run(*args)`` (a step or reset), answered with ``(objects, posts)`` (see ``EnvGroup``); None when
                 both are None."""
-                objects, posts = run(*args), group.take_posts()
+                objects = run(*args)
+                posts = group.take_posts()
                 return None if objects is None and posts is None else (objects, posts)
 
             channel.serve({STEP: partial(answered, group.step), PARTIAL_STEP: partial(answered, group.step, steps),

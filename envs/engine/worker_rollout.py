@@ -4,7 +4,7 @@ Route (``rollout.random_rollout``): :meth:`WorkerRollouts.storage` gives storage
 rollout keys, time last) in shared memory; the actions for all ``T`` steps are drawn into it and the first root is
 copied in; then :meth:`WorkerRollouts.run` sends ``ROLL`` (``protocol.py``): each worker steps its envs through the
 span with its rows of the actions, writing its rows of each step's results straight into the storage ("next" at
-``t``, the root — the reset observation where an env ended — at ``t + 1``; see ``env_worker.Recording``). The main
+``t``, the root — the reset observation where an env ended — at ``t + 1``; see ``worker.Recording``). The main
 process copies no frame and wakes each worker once per span, not once per step. With ``break_when_any_done`` a
 span is one step: the main process reads the done flags between steps, so no step is taken beyond the rollout.
 Spans are bounded so that one lasts at most a quarter of the env's ``timeout``.
@@ -32,8 +32,8 @@ from tensordict import TensorDictBase
 
 from .errors import SharedMemoryError
 from .protocol import ROLL
+from .recording import rollout_template
 from .recycle import holds_lazy_stacks, retire_before_fork, unheld
-from .rollout import rollout_template
 from .shared import MappedTensors, in_shared_memory, key_tuple
 
 #: storages kept per env: a loop may hold one rollout while it asks for the next
@@ -54,7 +54,9 @@ class _Storage:
     pool's restarts when the workers were given it)."""
 
     def __init__(self, key: int, mapped: MappedTensors):
-        self.key, self.mapped, self.bound = key, mapped, None
+        self.key = key
+        self.mapped = mapped
+        self.bound = None
         self.steps = mapped.batch_size[-1]
 
     def free(self) -> bool:
@@ -77,7 +79,8 @@ class WorkerRollouts:
         self.kept = []
 
     def forget(self) -> None:
-        self.kept, self.control = [], None
+        self.kept = []
+        self.control = None
 
     def storage(self, steps: int) -> TensorDictBase | None:
         """Storage for a rollout of ``steps`` steps (batch ``[*env.batch_size, steps]``) that the workers can
@@ -125,7 +128,8 @@ class WorkerRollouts:
         env = self.env
         env._touched_since_start = True  # (see BatchedEnv.update_kwargs)
         # as long as a quarter of the timeout allows at the last rollout's pace; the first spans double from one step
-        span, t = (1 if self._per_step is None else self._longest(1 << 62)), t0
+        span = 1 if self._per_step is None else self._longest(1 << 62)
+        t = t0
         while t < t1:
             stop = min(t1, t + span)
             began = time.perf_counter()
@@ -138,7 +142,8 @@ class WorkerRollouts:
         return max(1, int(min(span, self.env.timeout / 4 / max(self._per_step, 1e-6))))  # (timeout may be inf)
 
     def _span(self, t0: int, t1: int) -> None:
-        env, storage = self.env, self._current
+        env = self.env
+        storage = self._current
         control = self.control.numpy()
         control[:] = (storage.key, t0, t1)
         workers = list(range(env.num_workers))
@@ -156,12 +161,14 @@ class WorkerRollouts:
     def _write_restarted_step(self, w: int, t: int) -> None:
         """Step ``t`` of worker ``w``'s envs as a failed step reads: the env's buffers say so (see
         ``ParallelEnv._write_restarted_step``); their rows are copied into the storage."""
-        env, storage = self.env, self._current
+        env = self.env
+        storage = self._current
         rows = slice(w * env.envs_per_worker, (w + 1) * env.envs_per_worker)
         mask = torch.zeros(env.num_envs, dtype=torch.bool, device="cpu")
         mask[rows] = True
         env._write_restarted_step(mask.reshape(-1, *[1] * (env.batch_dims - 1)).expand(env.batch_size))
-        tdim, stored = env.batch_dims, storage.mapped.tensordict()
+        tdim = env.batch_dims
+        stored = storage.mapped.tensordict()
         for key, leaf in env.next_buffer.items(True, True):
             stored.get(("next", *key_tuple(key))).select(tdim, t)[rows].copy_(leaf[rows])
         if t + 1 < storage.steps:

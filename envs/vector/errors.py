@@ -9,8 +9,8 @@ import types
 
 import gymnasium as gym
 
-from . import vector_worker
-from .errors import EnvWorkerError, SpecMismatchError, WorkerError, unpickled_exception
+from ..engine.errors import EnvWorkerError, SpecMismatchError, WorkerError, unpickled_exception
+from . import worker as vector_worker
 
 
 class SpaceMismatchError(SpecMismatchError, RuntimeError):

@@ -1,0 +1,150 @@
+"""The TorchRL family: ``EnvBase`` envs, unbatched or batched, stepped through their own ``step_and_maybe_reset``.
+
+The env's full specs are its specs here (on the CPU); its tensordicts are copied into its rows of the buffers
+(``[*env.batch_size, ...]`` per env), each leaf's shape checked first. An env may offer a faster stepper of its own
+through a ``native_stepper()`` method; it must produce the same data as going through the
+env's ``EnvBase`` API. An ``EnvBase`` is seeded at once through its own ``set_seed`` (:meth:`TorchRLStepper.set_seed`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs import EnvBase
+
+from ..engine.shared import BufferViews, EnvSpecs, key_tuple
+from ..engine.stepper import Family
+from ..engine.values import BadValue, Guard, broadcast_error, value_error
+
+
+def stepper_of(env):
+    """The stepper of a TorchRL env: its ``native_stepper()`` when it has one, else a :class:`TorchRLStepper`."""
+    native = getattr(env, "native_stepper", None)
+    return native() if callable(native) else TorchRLStepper(env)
+
+
+class TorchRLStepper:
+    """A TorchRL ``EnvBase``, unbatched or batched (its rows in the buffers are then ``[*env.batch_size, ...]``):
+    its tensordicts are copied into the buffer views (each leaf's shape checked first: ``update_`` would
+    broadcast). Steps go through the env's ``step_and_maybe_reset``, so a batched env resets the elements that
+    ended as TorchRL does. Non-tensor entries (strings, objects) have no place in the buffers: after each reset
+    and step they are left in ``objects`` (``{"root": td, "next": td}`` holding only them) for the group to
+    send."""
+
+    def __init__(self, env: EnvBase):
+        self.env = env
+        self.specs = EnvSpecs(
+            observation=env.full_observation_spec.clone().cpu(),
+            action=env.full_action_spec.clone().cpu(),
+            reward=env.full_reward_spec.clone().cpu(),
+            done=env.full_done_spec.clone().cpu(),
+        )
+        root_objects, next_objects = self.specs.non_tensor_keys()
+        self._root_keys = [key for key in self.specs.root_spec().keys(True, True) if key not in root_objects]
+        self._next_keys = [key for key in self.specs.next_spec().keys(True, True) if key not in next_objects]
+        self._root_objects = root_objects
+        self._next_objects = next_objects
+        self.has_objects = bool(root_objects or next_objects)
+        self.objects: dict | None = None
+        self._state = None
+
+    def bind(self, views: BufferViews, index: int) -> None:
+        self._root = views.root[index]
+        self._next = views.next[index]
+        self._action = views.action[index]
+        self._env_index = views.first_index + index
+        self._root_shapes = [_expected(self._root.get(key), key) for key in self._root_keys]
+        self._next_shapes = [_expected(self._next.get(key), key) for key in self._next_keys]
+
+    def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
+        """Seed the env now (TorchRL's ``set_seed``); returns the seed for the next env."""
+        return self.env.set_seed(seed, static_seed=static_seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.env.set_seed(seed)
+        self._state = self.env.reset()
+        self._check(self._state, self._root_shapes, "reset()")
+        _write(self._root, self._state.select(*self._root_keys))
+        self._keep_objects(None)
+
+    def reset_elements(self, mask: np.ndarray) -> None:
+        """Reset the elements of a batched env where ``mask`` (bool, ``prod(batch_size)`` flags) is True, through
+        the env's ``"_reset"`` entries; the other elements keep their state."""
+        state = self._root.clone() if self._state is None else self._state.clone()
+        flags = torch.from_numpy(mask.reshape(self.env.batch_size))
+        for key in self.env.reset_keys:  # each "_reset" has the shape of the done flags beside it
+            group = key_tuple(key)[:-1]
+            shape = next(self.env.full_done_spec[done].shape for done in self.env.done_keys
+                         if key_tuple(done)[:-1] == group)
+            view = flags.reshape(*flags.shape, *([1] * (len(shape) - flags.dim())))
+            state.set(key, view.expand(shape).clone())
+        self._state = self.env.reset(state)
+        self._check(self._state, self._root_shapes, "reset()")
+        _write(self._root, self._state.select(*self._root_keys))
+        self._keep_objects(None)
+
+    def step(self) -> None:
+        if self._state is None:  # stepped before any reset: the env starts from what the root buffer holds
+            self._state = self._root.clone()
+        state = self._state.update(self._action.clone())
+        stepped, self._state = self.env.step_and_maybe_reset(state)
+        stepped_next = stepped.get("next")
+        self._check(stepped_next, self._next_shapes, "step()")
+        self._check(self._state, self._root_shapes, "reset()")
+        _write(self._next, stepped_next.select(*self._next_keys))
+        _write(self._root, self._state.select(*self._root_keys))
+        self._keep_objects(stepped_next)
+
+    def _keep_objects(self, stepped_next) -> None:
+        if self.has_objects:
+            self.objects = {"root": self._state.select(*self._root_objects, strict=False),
+                            "next": None if stepped_next is None else stepped_next.select(*self._next_objects,
+                                                                                          strict=False)}
+
+    def _check(self, td, shapes: list, call: str) -> None:
+        for key, expected, dtype, guard in shapes:
+            value = td.get(key, None)
+            if value is None:
+                continue
+            if value.shape != expected:
+                raise broadcast_error(self._env_index, call, repr(key), tuple(value.shape),
+                                      f"the env's specs declare shape {tuple(expected)}", _TORCHRL_SHAPE_HINT)
+            if value.dtype is not dtype:
+                try:
+                    guard.check(value)
+                except BadValue as bad:
+                    raise value_error(self._env_index, call, key, bad, _TORCHRL_VALUE_HINT) from None
+
+    def close(self) -> None:
+        # always called: a plain EnvBase subclass reports is_closed=True from its construction on
+        self.env.close(raise_if_closed=False)
+
+
+def _expected(buffer: torch.Tensor, key) -> tuple:
+    """``(key, shape, dtype, guard)`` of a TorchRL env's entry, from its buffer row."""
+    return key, tuple(buffer.shape), buffer.dtype, Guard(buffer.dtype)
+
+
+_TORCHRL_SHAPE_HINT = ("make _reset() and _step() return tensors of exactly the shapes its specs declare "
+                       "(full_observation_spec, full_reward_spec, full_done_spec), or declare the shapes they return")
+_TORCHRL_VALUE_HINT = ("make _reset() and _step() return tensors of the dtypes its specs declare, or values that "
+                       "fit them")
+
+
+def _write(buffers: TensorDictBase, values: TensorDictBase) -> None:
+    """Copy an env's outputs into its buffers, outside autograd (an env whose outputs carry a graph, e.g. stepped
+    with actions that require grad, must not tie the shared buffers to it)."""
+    with torch.no_grad():
+        buffers.update_(values)
+
+
+def _stepper(env):
+    return stepper_of(env) if isinstance(env, EnvBase) else None
+
+
+def _is_env(obj) -> bool:
+    return isinstance(obj, EnvBase)
+
+
+FAMILY = Family(name="TorchRL EnvBase", priority=20, stepper=_stepper, is_instance=_is_env)
