@@ -8,8 +8,6 @@ one batch per worker as it finishes (async).
 """
 from __future__ import annotations
 
-import gc
-
 import cloudpickle
 import torch
 from tensordict import TensorDictBase
@@ -19,7 +17,7 @@ from tdcollect.envs.engine.errors import EnvWorkerError, WorkerError
 from tdcollect.envs.engine.group import seed_chain
 from tdcollect.envs.engine.platform_policy import built_on_cpu, exit_if_bootstrapping, resolve_start_method
 from tdcollect.envs.engine.pool import WorkerPool
-from tdcollect.envs.engine.shared import in_shared_memory
+from tdcollect.envs.engine.shared import forget_caches, in_shared_memory
 from tdcollect.envs.engine.specs import agreed_specs
 
 from .base import CollectorBase
@@ -366,6 +364,8 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         if pool is not None:
             pool.stop()
         if handshake is not None:
+            for storage in handshake.storages.values():
+                forget_caches(storage)  # (their shared memory goes with the last reference, see forget_caches)
             handshake.storages.clear()
         if "_versions_tensor" in self.__dict__:  # a private copy: weight_versions still answers
             self._versions_tensor = self._versions_tensor.clone()
@@ -373,7 +373,6 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             if self.__dict__.get(name) is not None:
                 setattr(self, name, self.__dict__[name].clone())
         self._weights = None
-        gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 
 
 def packed_hooks(options) -> bytes:

@@ -19,18 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import threading
 import weakref
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torchrl.data import Categorical, Composite
 from torchrl.envs import EnvBase
 
 from .engine.platform_policy import built_on_cpu
 from .engine.recycle import Recycler
-from .engine.shared import EnvObjects, EnvSpecs, key_tuple
+from .engine.shared import EnvObjects, EnvSpecs, forget_caches, key_tuple
 from .engine.values import check_finite
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
@@ -63,6 +63,26 @@ def one_thread(method):
             self._in_use.release()
 
     return guarded
+
+
+def complete_done_spec(spec: Composite, device) -> None:
+    """TorchRL's completion of a done spec, in place: a ``"terminated"`` beside a lone ``"done"`` and the reverse,
+    both in an empty group, one shape per group (a ``ValueError`` otherwise); nested groups alike."""
+    shape = None
+    for key, item in list(spec.items()):
+        if key == "done" and "terminated" not in spec.keys():
+            spec["terminated"] = item.clone()
+        elif key == "terminated" and "done" not in spec.keys():
+            spec["done"] = item.clone()
+        elif isinstance(item, Composite):
+            complete_done_spec(item, device)
+        elif shape is None:
+            shape = item.shape
+        elif shape != item.shape:
+            raise ValueError(f"All shapes should match in done_spec {spec} (shape={shape}, key={key}).")
+    if spec.is_empty():
+        for key in ("done", "terminated"):
+            spec[key] = Categorical(n=2, shape=(*spec.shape, 1), dtype=torch.bool, device=device)
 
 
 class BatchedEnv(Forwarding, EnvBase):
@@ -170,6 +190,26 @@ class BatchedEnv(Forwarding, EnvBase):
 
     def _shutdown(self) -> None:
         raise NotImplementedError
+
+    def _create_done_specs(self) -> None:
+        """As TorchRL's (:func:`complete_done_spec`), but with no closure: TorchRL's is a recursive closure over the
+        env, a reference cycle that would keep a dropped env (its workers, its shared memory) until the garbage
+        collector runs."""
+        if not self.auto_complete_done_specs:
+            return
+        if "full_done_spec" not in self.output_spec.keys():
+            done = Composite(shape=self.output_spec.shape, device=self.output_spec.device)
+            complete_done_spec(done, self.device)
+            self.output_spec["full_done_spec"] = done
+            return
+        done = self.output_spec["full_done_spec"]
+        locked = self.is_spec_locked
+        if locked:
+            self.is_spec_locked = False
+        complete_done_spec(done, self.device)
+        self.output_spec["full_done_spec"] = done
+        if locked:
+            self.is_spec_locked = True
 
     def _start_again(self) -> TensorDictBase:
         """Build the envs (and workers) anew after ``close()``, with the same specs; returns new buffers."""
@@ -409,6 +449,7 @@ class BatchedEnv(Forwarding, EnvBase):
         self.is_closed = True
         self._shutdown()
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
+        forget_caches(self._step_buffers)
         self._step_buffers = self._root = self._next = self._next_done = None
         self._copy_root = self._copy_next = self._copy_next_leaves = self._copy_root_leaves = None  # buffer views too
         self._done_leaves = None
@@ -416,7 +457,6 @@ class BatchedEnv(Forwarding, EnvBase):
         self._common_actions = None
         if "recycler" in self.__dict__:
             self.recycler.clear()
-        gc.collect(1)  # tensordict views form young reference cycles; collect them so the memory goes now
 
     def __enter__(self):
         return self

@@ -32,6 +32,7 @@ import torch
 
 from .engine.errors import ArgumentError
 from .engine.platform_policy import SPIN_S, caller_threads, usable_cores
+from .engine.shared import nbytes
 from .parallel import ParallelEnv
 from .serial import SerialEnv
 
@@ -238,7 +239,7 @@ class _Search:
         t1 = time.perf_counter()  # the second: its storage recycled, as every chunk's will be
         env.rollout(MIN_CHUNK, self.policy, auto_reset=False, tensordict=root.clone(), break_when_any_done=False)
         per_step = max(1e-6, (time.perf_counter() - t1) / MIN_CHUNK)
-        fits = max(4, MAX_CHUNK_BYTES // max(1, warm.bytes() // MIN_CHUNK))
+        fits = max(4, MAX_CHUNK_BYTES // max(1, nbytes(warm) // MIN_CHUNK))
         self.envs[split] = (env, int(min(MAX_CHUNK, fits, max(MIN_CHUNK, CHUNK_S / per_step))), root)
         for spin_s in self.waits(split):
             self.rows[(*split, spin_s)] = Measured(workers, per_worker, spin_s, start_s=start_s)

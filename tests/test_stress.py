@@ -22,6 +22,9 @@ from tests.helpers import CountingEnv, cartpole
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 DURATION_S, PERIOD_S, BUDGET = 8.0, 0.5, 50  # ~16 kills per test (the suite must fit CI's 30 minutes)
+#: an episode length no test reaches on any machine (a float32 count stays exact to 2**24 steps): in the kill tests
+#: an episode ends only when its worker is replaced, whatever the machine's speed
+NEVER = 2**62
 
 
 class Killer(threading.Thread):
@@ -69,7 +72,7 @@ def _check_step(root, step):
 # spawn: a replacement takes seconds to start, so many kills land in a start-up exchange; fork: most land mid-step
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_parallel_env_survives_a_kill_every_half_second(method, no_leaks):
-    env = ParallelEnv(4, lambda: CountingEnv(episode_len=10_000), envs_per_worker=2, max_restarts=BUDGET,
+    env = ParallelEnv(4, lambda: CountingEnv(episode_len=NEVER), envs_per_worker=2, max_restarts=BUDGET,
                       mp_start_method=method)
     killer = Killer(env)
     steps = restarted = 0
@@ -132,7 +135,7 @@ def test_collector_survives_a_kill_every_half_second(method, no_leaks):
 def test_async_env_survives_a_kill_every_half_second(no_leaks):
     """First-finished-first-served stepping: each env counts on from its own last observation with the action
     it was sent, or (its worker was replaced) comes back reset, marked truncated, with reward 0."""
-    env = AsyncParallelEnv(4, lambda: CountingEnv(episode_len=10_000), envs_per_worker=2, batch_workers=2,
+    env = AsyncParallelEnv(4, lambda: CountingEnv(episode_len=NEVER), envs_per_worker=2, batch_workers=2,
                            max_restarts=BUDGET)
     killer = Killer(env)
     last: dict[int, tuple] = {}  # env id -> (count it was at, action sent)
@@ -171,7 +174,7 @@ def test_async_env_survives_a_kill_every_half_second(no_leaks):
 def test_vector_facades_survive_a_kill_every_half_second(face, no_leaks):
     """gymnasium's (next-step autoreset) and SB3's (same-step) faces: every env counts on by one per step with
     the action it was given, or ends (a replaced worker's envs report truncated) and starts again from 0."""
-    fns = [lambda: CountingEnv(episode_len=10_000)] * 8
+    fns = [lambda: CountingEnv(episode_len=NEVER)] * 8
     cls = ParallelVectorEnv if face == "vector" else ParallelVecEnv
     env = cls(fns, envs_per_worker=2, max_restarts=BUDGET)
     killer = Killer(env)

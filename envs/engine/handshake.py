@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .shared import EnvSpecs, allocate_buffers, in_shared_memory
+from .shared import EnvSpecs, allocate_buffers, forget_caches, in_shared_memory
 from .specs import agreed_specs
 
 
@@ -32,5 +32,6 @@ class BufferHandshake:
         pass
 
     def release(self) -> None:
-        """Drop the buffers, so that their shared memory (and its file descriptors) is freed."""
+        """Drop the buffers, so that their shared memory (and its file descriptors) is freed at once."""
+        forget_caches(self.buffers)
         self.buffers = self.reset_tensor = self.step_tensor = None

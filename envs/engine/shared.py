@@ -190,11 +190,32 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
+def forget_caches(data) -> None:
+    """Empty the caches of a TensorDict and of the TensorDicts nested in it. A locked TensorDict (shared memory locks
+    it) caches views of its keys, each of which holds the TensorDict: a reference cycle that, once the TensorDict is
+    dropped, keeps its leaves (and their shared memory and file descriptors) until the garbage collector runs. Call
+    it on buffers about to be dropped."""
+    if not isinstance(data, TensorDictBase):
+        return
+    data._erase_cache()
+    for value in data.values():
+        forget_caches(value)
+
+
+def nbytes(data) -> int:
+    """The bytes of a tensor's or a TensorDict's leaves. (TensorDict's own ``bytes()`` leaves a reference cycle
+    holding every leaf: measured in a process that never runs the garbage collector, each call kept its tensors,
+    and so their shared memory, alive.)"""
+    if isinstance(data, torch.Tensor):
+        return data.numel() * data.element_size()
+    return sum(leaf.numel() * leaf.element_size() for leaf in data.values(True, True) if isinstance(leaf, torch.Tensor))
+
+
 def in_shared_memory(data, what: str):
     """``data`` (a tensor or TensorDict) moved into shared memory, as ``data.share_memory_()`` does, or a
     :class:`SharedMemoryError` naming ``what`` when ``/dev/shm`` cannot hold it (checked before any byte is
     written; torch reserves the pages of each segment, so a full ``/dev/shm`` is an error, never a SIGBUS)."""
-    needed = data.numel() * data.element_size() if isinstance(data, torch.Tensor) else data.bytes()
+    needed = nbytes(data)
     free = shm_free_bytes()
     if free is not None and needed > free:
         raise shm_error(needed, what)

@@ -64,23 +64,32 @@ class _Storage:
 
 
 class WorkerRollouts:
-    """The rollout storages of one ParallelEnv and the runs of ``ROLL`` into them (see the module docstring)."""
+    """The rollout storages of one ParallelEnv and the runs of ``ROLL`` into them (see the module docstring). It
+    holds its env by a weak reference: no reference cycle keeps a dropped env (and its storages) alive."""
 
     def __init__(self, env):
-        self.env = env
+        self._env = weakref.ref(env)
         self.kept: list[_Storage] = []  # least recently used first
         self.control = None  # int64 [num_workers, 3] in shared memory: each worker's (key, t0, t1)
         self._keys = itertools.count()
         self._per_step: float | None = None  # seconds a step took in the last span
+        self._current: _Storage | None = None  # the storage the last storage() gave
         retire_before_fork(self)
+
+    @property
+    def env(self):
+        return self._env()
 
     def retire(self) -> None:
         """Never fill the storages handed out so far again (the env closed, or this process forks)."""
         self.kept = []
 
     def forget(self) -> None:
+        """Let go of every storage and the control block (the env closed): a rollout its caller still holds keeps
+        its own memory, and dropping it frees it."""
         self.kept = []
         self.control = None
+        self._current = None
 
     def storage(self, steps: int) -> TensorDictBase | None:
         """Storage for a rollout of ``steps`` steps (batch ``[*env.batch_size, steps]``) that the workers can
