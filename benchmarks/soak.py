@@ -242,9 +242,10 @@ def write(rows: list[dict], csv_path: Path, png_path: Path | None) -> None:
     panels = [("memory (MB)", [("rss_mb", "main RSS"), ("workers_rss_mb", "workers' RSS")]),
               ("shared memory (MB)", [("shared_mb", "mapped by main"), ("system_shmem_mb", "system Shmem")]),
               ("count", [("open_files", "open files"), ("children", "child processes")]),
-              ("events", [("batches", "batches"), ("kills", "workers killed"), ("restarts", "restarts"),
+              ("batches", [("batches", "batches")]),
+              ("events", [("kills", "workers killed"), ("restarts", "workers restarted"),
                           ("evals", "eval envs built and closed")])]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 10), sharex=True)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 12), sharex=True)
     for ax, (title, series) in zip(axes, panels):
         for key, label in series:
             ax.plot(t, [r[key] for r in rows], label=label)

@@ -79,6 +79,9 @@ class StorageHandshake:
     def ready(self, replies: dict[int, TensorDictBase | None]) -> None:
         """``replies``: each worker's storage, or None when its batches come stacked, by pipe (``stacked.py``)."""
         self.stacked = any(storage is None for storage in replies.values())
+        for w in replies:
+            if w in self.storages:  # a replaced worker's: its memory goes with this last reference (forget_caches)
+                forget_caches(self.storages.pop(w))
         self.storages.update({w: storage for w, storage in replies.items() if storage is not None})
         if self.storages:
             check_same_entries(self.storages, self.owner, "worker")

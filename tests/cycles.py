@@ -17,8 +17,8 @@ import numpy as np
 import psutil
 
 #: the faces, in the order the test runs them
-FACES = ["serial", "parallel-rollout", "parallel-steps", "async", "collector", "multisync", "multiasync", "vector",
-         "sb3", "ray"]
+FACES = ["serial", "parallel-rollout", "parallel-steps", "parallel-restart", "async", "collector", "multisync",
+         "multisync-restart", "multiasync", "vector", "sb3", "ray"]
 #: children that are not ours to count: multiprocessing's resource tracker and forkserver, ray's processes
 _HELPERS = ("resource_tracker", "forkserver", "ray", "raylet", "gcs_server", "dashboard", "log_monitor")
 
@@ -80,6 +80,12 @@ def one_cycle(face: str) -> None:
             td = env.reset()
             for _ in range(10):
                 td = env.step_and_maybe_reset(env.rand_action(td))[1]
+    elif face == "parallel-restart":  # a worker killed and replaced in every cycle
+        with ParallelEnv(2, frames, envs_per_worker=2, max_restarts=5) as env:
+            env.rollout(5, break_when_any_done=False)
+            os.kill(env.worker_pids[0], 9)
+            env.rollout(5, break_when_any_done=False)
+            assert sum(env.restarts) == 1
     elif face == "async":
         with AsyncParallelEnv(2, frames, envs_per_worker=2, batch_workers=1) as env:
             env.async_reset()
@@ -96,6 +102,15 @@ def one_cycle(face: str) -> None:
             collector = cls([frames] * 2, None, frames_per_batch=20, total_frames=60)
         for _ in collector:
             pass
+        collector.shutdown()
+    elif face == "multisync-restart":  # a worker killed and replaced in every cycle
+        collector = MultiSyncCollector([frames] * 2, None, frames_per_batch=20, total_frames=-1, max_restarts=5)
+        batches = iter(collector)
+        next(batches)
+        os.kill(collector.worker_pids[0], 9)
+        next(batches)
+        next(batches)
+        assert sum(collector.restarts) == 1
         collector.shutdown()
     elif face in ("vector", "sb3"):
         env = ParallelVectorEnv([frames] * 4, envs_per_worker=2) if face == "vector" else ParallelVecEnv([frames] * 4)

@@ -62,6 +62,15 @@ def _stop_live_pools() -> None:
 atexit.register(_stop_live_pools)
 
 
+def forget_failure(err: BaseException) -> None:
+    """Break the reference cycles of a worker failure that was handled (its workers replaced): the error is in its
+    own ``failures``, and its traceback's frames hold their locals (the caller's batch storage, say). Left as they are,
+    they keep that memory until the garbage collector runs."""
+    for exc in (*failures_of(err).values(), err):
+        exc.__traceback__ = None
+        exc.__dict__.pop("failures", None)
+
+
 class WorkerPool:
     """``num_workers`` processes running ``target(channel, *args[w])``, each started with ``handshake``.
     ``preload``: modules to import once before they start (see ``preload.py``)."""
@@ -184,6 +193,7 @@ class WorkerPool:
                 for w in sorted(failures):
                     self._replace(w, failures[w])
                 self._start_up(sorted(failures))
+                forget_failure(err)
                 return sorted(replaced | set(failures))
             except WorkerError as again:
                 replaced |= set(failures)
@@ -317,6 +327,7 @@ class WorkerPool:
 
     @staticmethod
     def _raise_failures(failures: dict) -> None:
+        """Raise the lowest worker's error, carrying every failure (``err.failures``, see ``failures_of``)."""
         first = failures[min(failures)]
         first.failures = failures
         raise first
