@@ -38,6 +38,8 @@ from gymnasium import spaces
 from tensordict.nn import TensorDictModule
 from torch import nn
 
+from tests.cycles import open_files, shared_bytes
+
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = ["t_s", "rss_mb", "workers_rss_mb", "open_files", "shared_mb", "system_shmem_mb", "children", "batches",
            "kills", "restarts", "evals"]
@@ -87,17 +89,6 @@ class ConvPolicy(nn.Module):
         return logits.argmax(-1).reshape(lead)
 
 
-def shared_mb() -> float:
-    total = 0
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            parts = line.split()
-            if len(parts) > 5 and (parts[5].startswith("/memfd:") or parts[5].startswith("/dev/shm/")):
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                total += end - start
-    return total / 2**20
-
-
 def system_shmem_mb() -> float:
     with open("/proc/meminfo") as meminfo:
         for line in meminfo:
@@ -129,8 +120,8 @@ class Sampler(threading.Thread):
             except psutil.Error:
                 continue
         return {"t_s": round(time.perf_counter() - self.began, 2), "rss_mb": self.me.memory_info().rss / 2**20,
-                "workers_rss_mb": workers_rss, "open_files": len(os.listdir("/proc/self/fd")),
-                "shared_mb": shared_mb(), "system_shmem_mb": system_shmem_mb(), "children": len(kids),
+                "workers_rss_mb": workers_rss, "open_files": open_files(),
+                "shared_mb": shared_bytes() / 2**20, "system_shmem_mb": system_shmem_mb(), "children": len(kids),
                 **self.counters}
 
     def run(self) -> None:

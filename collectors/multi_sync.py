@@ -30,16 +30,6 @@ class MultiSyncCollector(ProcessCollector):
             a constructor may return a gymnasium env, a TorchRL env, a ``SerialEnv`` or a ``ParallelEnv``.
         policy: as for :class:`~tdcollect.collectors.Collector` (or ``policy_factory``); each worker gets a copy
             whose weights live in shared memory (see :meth:`update_policy_weights_`).
-        frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
-        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type, postproc,
-        replay_buffer, extend_buffer, trajs_per_batch, trajs_per_write, traj_format, set_truncated, track_traj_ids,
-        pre_collect_hook and post_collect_hook (run in each worker), update_at_each_batch, compile_policy (in each
-        worker), init_fn (called first in each worker), auto_register_policy_transforms, weight_sync_schemes,
-        num_threads (this process' torch threads), cat_results, create_env_kwargs, trust_policy, no_cuda_sync,
-        compact_obs, use_buffers (either value: the same batches), preemptive_threshold (``preemption.py``): as
-        in TorchRL (``exploration_type`` default
-        ``ExplorationType.RANDOM``, applied in every worker; the few refused TorchRL arguments are in
-        ``collectors/options.py``, each with its reason).
         check_actions, check_values: as for :class:`~tdcollect.collectors.Collector`.
         mp_start_method, timeout: as for :class:`~tdcollect.envs.ParallelEnv`.
         max_restarts: how many times in all a worker that died, hung or raised may be replaced by a fresh one
@@ -48,6 +38,18 @@ class MultiSyncCollector(ProcessCollector):
             Past the limit (or without it) the error propagates and the collector is shut down.
         return_same_td: opt-in, as for :class:`~tdcollect.collectors.Collector`: the same TensorDict every time,
             overwritten by the next batch. By default every batch is the caller's to keep.
+
+    TorchRL's other arguments keep their meaning: ``frames_per_batch``, ``total_frames``, ``device``,
+    ``env_device``, ``policy_device``, ``storing_device``, ``split_trajs``, ``reset_at_each_iter``,
+    ``init_random_frames``, ``max_frames_per_traj``, ``progress_bar``, ``exploration_type`` (default
+    ``ExplorationType.RANDOM``, applied in every worker), ``postproc``, ``replay_buffer``, ``extend_buffer``,
+    ``trajs_per_batch``, ``trajs_per_write``, ``traj_format``, ``set_truncated``, ``track_traj_ids``,
+    ``pre_collect_hook`` and ``post_collect_hook`` (run in each worker), ``update_at_each_batch``,
+    ``compile_policy`` (in each worker), ``init_fn`` (called first in each worker),
+    ``auto_register_policy_transforms``, ``weight_sync_schemes``, ``num_threads`` (this process' torch threads),
+    ``cat_results``, ``create_env_kwargs``, ``trust_policy``, ``no_cuda_sync``, ``compact_obs``, ``use_buffers``
+    (either value: the same batches), ``preemptive_threshold`` (``preemption.py``); ``collectors/options.py``
+    lists the few TorchRL arguments refused, each with its reason.
     """
 
     owner = "MultiSyncCollector"

@@ -44,11 +44,6 @@ class Collector(LocalCalls, CollectorBase):
             TensorDicts the policy sees carry that device, the CPU too).
         storing_device: where yielded batches live (default: ``device``, else ``env_device`` when it is the
             ``policy_device``, else none: batches without a device, as TorchRL's).
-        split_trajs, reset_at_each_iter, init_random_frames, max_frames_per_traj, postproc, replay_buffer,
-        extend_buffer, set_truncated, track_traj_ids, pre_collect_hook, post_collect_hook, compile_policy,
-        trust_policy, no_cuda_sync, compact_obs, use_buffers (either value: the same batches), interruptor
-        (``preemption.py``): as in TorchRL (see ``collectors/options.py`` for the few TorchRL
-            arguments refused, each with its reason).
         exploration_type: the interaction type the policy runs under, as in TorchRL (default
             ``ExplorationType.RANDOM``: a ``ProbabilisticActor`` samples its actions).
         check_actions: check every step's actions against the action spec before they reach the envs (default
@@ -63,6 +58,13 @@ class Collector(LocalCalls, CollectorBase):
         return_same_td: as in TorchRL, opt-in: yield the same TensorDict every time, its values overwritten by the
             next batch (no copy at all). By default every batch is the caller's to keep: it is never written again
             (its memory is reused only once nothing holds it any more).
+
+    TorchRL's other arguments keep their meaning: ``split_trajs``, ``reset_at_each_iter``, ``init_random_frames``,
+    ``max_frames_per_traj``, ``postproc``, ``replay_buffer``, ``extend_buffer``, ``set_truncated``,
+    ``track_traj_ids``, ``pre_collect_hook``, ``post_collect_hook``, ``compile_policy``, ``trust_policy``,
+    ``no_cuda_sync``, ``compact_obs``, ``use_buffers`` (either value: the same batches), ``interruptor``
+    (``preemption.py``); ``collectors/options.py`` lists the few TorchRL arguments refused, each with its reason.
+
     After each batch, ``episode_stats`` holds ``returns`` and ``lengths`` of the episodes that ended in it.
     """
 

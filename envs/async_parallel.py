@@ -40,7 +40,8 @@ class AsyncParallelEnv(ParallelEnv):
 
     Args:
         batch_workers: how many workers' envs one ``recv()`` returns (``1 <= batch_workers <= num_workers``).
-        Every other argument as in :class:`ParallelEnv` (``max_restarts`` covers both APIs).
+
+    Every other argument as in :class:`ParallelEnv` (``max_restarts`` covers both APIs).
     """
 
     def __init__(self, num_workers: int, create_env_fn, create_env_kwargs=None, *, batch_workers: int, **kwargs):

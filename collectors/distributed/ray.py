@@ -165,10 +165,10 @@ class RayCollector(CollectorBase):
             ``ray_init_kwargs``).
         policy: as for :class:`~tdcollect.collectors.Collector`; each actor gets its own copy, updated by
             :meth:`update_policy_weights_`.
-        frames_per_batch, total_frames, device, env_device, policy_device, storing_device, split_trajs,
-        reset_at_each_iter, init_random_frames, max_frames_per_traj, progress_bar, exploration_type,
-        check_actions, check_values: as for
-            :class:`~tdcollect.collectors.MultiSyncCollector` (``policy_device`` is the device inside each actor).
+        frames_per_batch: as for :class:`~tdcollect.collectors.MultiSyncCollector`, as are ``total_frames``,
+            ``device``, ``env_device``, ``policy_device`` (the device inside each actor), ``storing_device``,
+            ``split_trajs``, ``reset_at_each_iter``, ``init_random_frames``, ``max_frames_per_traj``,
+            ``progress_bar``, ``exploration_type``, ``check_actions`` and ``check_values``.
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialized in this process yet, e.g.
             ``{"address": "auto"}`` to join a running cluster; by default a local cluster is started
             (without dashboard, actors' output not forwarded: ``{"log_to_driver": True}`` to see it).

@@ -325,7 +325,7 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         return result
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
-        """Stop the workers and free the shared memory. A pending *_async call is waited for (up to
+        """Stop the workers and free the shared memory. A pending ``*_async`` call is waited for (up to
         ``timeout`` s) unless ``terminate``; then the workers are stopped under it."""
         if self._state is not None:
             warn_caller(f"Calling `close` while waiting for a pending call to `{self._state}` to complete.")
