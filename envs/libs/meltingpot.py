@@ -7,7 +7,7 @@ to pass instead), the costly import a constructor brings (``import meltingpot`` 
 core: the owner imports it once before its workers start, see ``engine/preload.py``), and the installer.
 
 **Install** with no network access beyond the package registries: ``python -m tdcollect.envs.meltingpot_install``
-(or ``python -m tdcollect.envs.libs.meltingpot``; add ``--check`` to build a substrate afterwards).
+(add ``--check`` to build a substrate afterwards).
 
 ``dm-meltingpot`` ships as a source package whose build downloads a bot-assets tarball from a storage host, and
 skips the download when ``<tempfile.gettempdir()>/meltingpot-assets-<version>.tar.gz`` already exists. Those
@@ -70,7 +70,9 @@ def extra_requirements(extra: str = EXTRA) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tdcollect.envs.meltingpot_install",
+                                     description="Install MeltingPot (and PettingZoo) with no network access beyond "
+                                                 "the package registries.")
     parser.add_argument("--check", action="store_true", help="build and step a substrate after installing")
     args = parser.parse_args(argv)
     path, written = write_empty_assets()
