@@ -13,7 +13,8 @@ Sampled each second into a CSV (``--csv``) and a PNG (``--png``): the main proce
 sum of its workers', its open files, the shared memory it maps (memfd files and ``/dev/shm`` segments), the system's
 ``Shmem`` (``/proc/meminfo``; other programs move it too), its child processes, and the batches, kills and restarts.
 
-**Flat** (``--check``): after the first quarter (warm-up: imports, first pages of memory, the allocator's pools), the
+**Flat** (``--check``): each kind of eval env is used once before sampling starts; after the first quarter of the
+samples (warm-up: the first kill and restart, first pages of memory, the allocator's pools), the
 main process's RSS stays within 5 % of its warm-up level, and open files, mapped shared memory and child processes
 end no higher than their highest level during the warm-up (plus 2 files); the run must have made batches, kills
 and restarts.
@@ -152,11 +153,13 @@ def soak(minutes: float, kill_every: float, eval_every: float) -> list[dict]:
     from tdcollect.collectors import MultiSyncCollector
 
     counters = {"batches": 0, "kills": 0, "restarts": 0, "evals": 0}
-    sampler = Sampler(counters)
-    sampler.start()
+    for kind in range(3):  # each kind of eval env once before sampling: what they import stays loaded
+        evaluation_env(kind)
     policy = TensorDictModule(ConvPolicy(), in_keys=["observation"], out_keys=["action"])
     collector = MultiSyncCollector([two_frame_envs] * 2, policy, frames_per_batch=64, total_frames=-1,
                                    max_restarts=10**6)
+    sampler = Sampler(counters)
+    sampler.start()
     deadline = time.perf_counter() + minutes * 60
     next_kill = time.perf_counter() + kill_every
     next_eval = time.perf_counter() + eval_every
