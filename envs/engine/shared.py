@@ -198,17 +198,21 @@ def forget_caches(data) -> None:
     if not isinstance(data, TensorDictBase):
         return
     data._erase_cache()
-    for value in data.values():
+    parts = getattr(data, "tensordicts", None)  # a lazy stack: its parts (their leaves may not stack)
+    for value in data.values() if parts is None else parts:
         forget_caches(value)
 
 
 def nbytes(data) -> int:
-    """The bytes of a tensor's or a TensorDict's leaves. (TensorDict's own ``bytes()`` leaves a reference cycle
-    holding every leaf: measured in a process that never runs the garbage collector, each call kept its tensors,
-    and so their shared memory, alive.)"""
+    """The bytes of a tensor's or a TensorDict's leaves (a lazy stack's parts one by one: their leaves may differ in
+    shape). (TensorDict's own ``bytes()`` leaves a reference cycle holding every leaf: measured in a process that
+    never runs the garbage collector, each call kept its tensors, and so their shared memory, alive.)"""
     if isinstance(data, torch.Tensor):
         return data.numel() * data.element_size()
-    return sum(leaf.numel() * leaf.element_size() for leaf in data.values(True, True) if isinstance(leaf, torch.Tensor))
+    parts = getattr(data, "tensordicts", None)
+    if parts is not None:
+        return sum(nbytes(part) for part in parts)
+    return sum(nbytes(value) for value in data.values() if isinstance(value, (torch.Tensor, TensorDictBase)))
 
 
 def in_shared_memory(data, what: str):

@@ -71,7 +71,7 @@ def extra_requirements(extra: str = EXTRA) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tdcollect.envs.meltingpot_install",
-                                     description="Install MeltingPot (and PettingZoo) with no network access beyond "
+                                     description="Install MeltingPot with no network access beyond "
                                                  "the package registries.")
     parser.add_argument("--check", action="store_true", help="build and step a substrate after installing")
     args = parser.parse_args(argv)
