@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -140,6 +141,10 @@ def main(face: str, cycles: int, warm_up: int = 3) -> dict:
     before = sample()
     for _ in range(cycles):
         one_cycle(face)
+    if face == "ray":  # Ray tears its actors (and their env workers) down after shutdown() returns, not within it
+        deadline = time.monotonic() + 30
+        while children() > before["children"] and time.monotonic() < deadline:
+            time.sleep(0.5)
     after = sample()
     return {"face": face, "cycles": cycles, "before": before, "after": after}
 
