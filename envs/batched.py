@@ -197,12 +197,9 @@ class BatchedEnv(Forwarding, EnvBase):
         collector runs."""
         if not self.auto_complete_done_specs:
             return
-        if "full_done_spec" not in self.output_spec.keys():
+        done = self.output_spec.get("full_done_spec", None)
+        if done is None:
             done = Composite(shape=self.output_spec.shape, device=self.output_spec.device)
-            complete_done_spec(done, self.device)
-            self.output_spec["full_done_spec"] = done
-            return
-        done = self.output_spec["full_done_spec"]
         locked = self.is_spec_locked
         if locked:
             self.is_spec_locked = False
