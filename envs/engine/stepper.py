@@ -97,6 +97,12 @@ class Family:
     costly_imports: dict[str, str] = field(default_factory=dict)
 
 
+def of_package(obj: Any, package: str) -> bool:
+    """Whether ``obj``'s type comes from ``package`` (its top-level module): how a family whose package is optional
+    recognises its objects without importing it."""
+    return (type(obj).__module__ or "").split(".")[0] == package
+
+
 def make_stepper(env: Any, families: Sequence[Family], owner: str = "ParallelEnv") -> Stepper:
     """The stepper for ``env``: the first family's (in ``families`` order) that claims it, else the first
     translation's; a ``TypeError`` naming the families when none does."""

@@ -65,7 +65,7 @@ from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, Tens
 
 from ..engine.shared import BufferViews, EnvSpecs
 from ..engine.specs import DONE_KEYS, done_spec, torch_dtype
-from ..engine.stepper import Family
+from ..engine.stepper import Family, of_package
 from ..engine.user_warnings import warn_caller
 from ..engine.values import BadValue, Guard, value_error
 
@@ -486,7 +486,7 @@ def _stepper(env) -> DmEnvStepper | None:
 
 
 def _is_instance(obj) -> bool:
-    return _is_dm_env(obj) or (type(obj).__module__ or "").split(".")[0] == "dm_env"
+    return _is_dm_env(obj) or of_package(obj, "dm_env")
 
 
 FAMILY = Family(name="dm_env", priority=30, stepper=_stepper, is_instance=_is_instance)

@@ -40,7 +40,7 @@ from torchrl.envs import EnvBase
 
 from ..engine.shared import merge_specs, numpy_tree
 from ..engine.specs import DONE_KEYS
-from ..engine.stepper import Family
+from ..engine.stepper import Family, of_package
 from .dm_env import (
     OBSERVATION,
     ActionReader,
@@ -282,7 +282,7 @@ def _place(target: Composite, specs: dict, prefix: tuple, source_root: tuple, n:
 
 def _is_engine_object(obj) -> bool:
     """A ``dmlab2d.Lab2d`` or ``dmlab2d.Environment`` (not picklable: a constructor must build it in the worker)."""
-    return (type(obj).__module__ or "").split(".")[0] == "dmlab2d"
+    return of_package(obj, "dmlab2d")
 
 
 FAMILY = Family(name="dmlab2d", priority=40, is_instance=_is_engine_object)

@@ -29,7 +29,7 @@ import tempfile
 import time
 from importlib import metadata
 
-from ..engine.stepper import Family
+from ..engine.stepper import Family, of_package
 
 ASSETS_VERSION = "2.3.0"  # the version dm-meltingpot 2.4.1's build asks for
 EXTRA = "meltingpot"
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _is_substrate(obj) -> bool:
-    return (type(obj).__module__ or "").split(".")[0] == "meltingpot"
+    return of_package(obj, "meltingpot")
 
 
 def _remake(env) -> str | None:

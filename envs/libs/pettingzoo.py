@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..engine.stepper import Family
+from ..engine.stepper import Family, of_package
 
 
 def _module():
@@ -32,7 +32,7 @@ def _wrapped(env):
 
 def _remake(env) -> str | None:
     """``<name>.parallel_env(...)`` / ``<name>.env(...)`` from the env's metadata name."""
-    if not (type(env).__module__ or "").startswith("pettingzoo."):
+    if not of_package(env, "pettingzoo"):
         return None
     name = (getattr(env, "metadata", None) or {}).get("name")
     if not (isinstance(name, str) and name.isidentifier()):
@@ -42,7 +42,7 @@ def _remake(env) -> str | None:
 
 
 def _is_instance(obj) -> bool:
-    return _is_env(obj) or (type(obj).__module__ or "").split(".")[0] == "pettingzoo"
+    return _is_env(obj) or of_package(obj, "pettingzoo")
 
 
 FAMILY = Family(name="PettingZoo", priority=40, translate=_wrapped, is_instance=_is_instance, remake=_remake)
