@@ -40,17 +40,41 @@ def shared_bytes() -> int:
     return total
 
 
-def children() -> int:
-    """Our child processes (workers), multiprocessing's and ray's helpers aside."""
-    count = 0
+def _command(proc: psutil.Process) -> str | None:
+    """The process's command line, or None when it is gone or a zombie (which holds nothing but its pid)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return None
+
+
+def our_children() -> list[str]:
+    """The command lines of our child processes (workers). Not counted: multiprocessing's and Ray's helpers, and
+    whatever those start (Ray's daemons run short-lived commands of their own)."""
+    me = os.getpid()
+    ours = []
     for proc in psutil.Process().children(recursive=True):
+        command = _command(proc)
+        if command is None or any(helper in command for helper in _HELPERS):
+            continue
         try:
-            command = " ".join(proc.cmdline())
+            lineage = proc.parents()
         except psutil.Error:
             continue
-        if not any(helper in command for helper in _HELPERS):
-            count += 1
-    return count
+        ancestors = []
+        for parent in lineage:  # up to this process, not past it
+            if parent.pid == me:
+                break
+            ancestors.append(parent)
+        if any(helper in (_command(parent) or "") for helper in _HELPERS for parent in ancestors):
+            continue
+        ours.append(command)
+    return ours
+
+
+def children() -> int:
+    """How many child processes of ours there are (see :func:`our_children`)."""
+    return len(our_children())
 
 
 def sample() -> dict:
@@ -141,12 +165,13 @@ def main(face: str, cycles: int, warm_up: int = 3) -> dict:
     before = sample()
     for _ in range(cycles):
         one_cycle(face)
+    after = sample()
     if face == "ray":  # Ray tears its actors (and their env workers) down after shutdown() returns, not within it
         deadline = time.monotonic() + 30
-        while children() > before["children"] and time.monotonic() < deadline:
+        while after["children"] > before["children"] and time.monotonic() < deadline:
             time.sleep(0.5)
-    after = sample()
-    return {"face": face, "cycles": cycles, "before": before, "after": after}
+            after = sample()
+    return {"face": face, "cycles": cycles, "before": before, "after": after, "left": our_children()}
 
 
 if __name__ == "__main__":
