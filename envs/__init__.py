@@ -4,7 +4,8 @@
 The package in layers (``tests/test_layers.py`` keeps them so)::
 
     envs/            the TorchRL face: BatchedEnv, SerialEnv, ParallelEnv, AsyncParallelEnv, views, rollouts,
-                     what a caller's tensordict brings in, forwarding, constructors, autotune, the demo
+                     what a caller's tensordict brings in, forwarding, constructors, autotune, transforms run
+                     in the workers, the demo
     envs/engine/     the worker protocol, the pool, the worker body, EnvGroup, shared buffers and the handshake,
                      recycled memory, worker-recorded rollouts, the platform policy, preloads, errors and value
                      checks; the Stepper / Family contract. It knows no env family and no face.
@@ -36,11 +37,13 @@ from .errors import (
 from .parallel import ParallelEnv
 from .serial import SerialEnv
 from .tuning import Tuning, autotune
+from .worker_transforms import move_transforms_to_workers
 
 __all__ = [
     "ParallelEnv",
     "AsyncParallelEnv",
     "SerialEnv",
+    "move_transforms_to_workers",
     "env_index",
     "autotune",
     "Tuning",

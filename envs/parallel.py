@@ -29,6 +29,7 @@ from .engine.worker_rollout import WorkerRollouts
 from .factories import PARALLEL_DEPRECATED, PickledFactory, bind_kwargs, check_torchrl_options, constructors_and_kwargs
 from .inputs import leaf_copier, plain_tensordict
 from .libs import registered
+from .worker_transforms import WorkerTransform
 
 
 class ParallelEnv(BatchedEnv):
@@ -65,6 +66,10 @@ class ParallelEnv(BatchedEnv):
             from the shared CPU buffers, where the envs step (``BatchedEnv.to``).
         owner: who this env is in messages, errors and worker process names (default: the class name; the
             gymnasium and SB3 faces pass theirs).
+        worker_transform: a TorchRL ``Transform`` (or a function returning one) that each worker runs on its
+            ``[envs_per_worker]`` envs right after they step: the data of ``TransformedEnv(ParallelEnv(...),
+            transform)``, with the per-frame work in the workers (see ``worker_transforms.py``; the specs are the
+            transformed env's). ``VecNorm`` is refused there: append it in this process.
 
     Errors from workers arrive as :class:`~tdcollect.envs.errors.EnvWorkerError` (an exception in an env),
     :class:`~tdcollect.envs.errors.WorkerDiedError` and :class:`~tdcollect.envs.errors.WorkerTimeoutError`; after the
@@ -107,6 +112,7 @@ class ParallelEnv(BatchedEnv):
         daemon: bool = False,
         shutdown_timeout: float = 2.0,
         owner: str | None = None,
+        worker_transform=None,
         **torchrl_options,
     ):
         exit_if_bootstrapping()
@@ -119,6 +125,15 @@ class ParallelEnv(BatchedEnv):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ArgumentError(f"{owner}: {name} must be an int >= 1, got {value!r}.")
         method = resolve_start_method(mp_start_method)
+        #: the arguments it was built with (see ``worker_transforms.move_transforms_to_workers``)
+        self._arguments = dict(num_workers=num_workers, create_env_fn=create_env_fn,
+                               create_env_kwargs=create_env_kwargs, envs_per_worker=envs_per_worker,
+                               mp_start_method=mp_start_method, timeout=timeout, check_actions=check_actions,
+                               check_values=check_values, max_restarts=max_restarts, spin_s=spin_s, device=device,
+                               num_threads=num_threads, num_sub_threads=num_sub_threads, daemon=daemon,
+                               shutdown_timeout=shutdown_timeout, owner=owner)
+        self.__dict__["worker_transform"] = worker_transform  # as given; not a submodule of this env (EnvBase is one)
+        self._wrap = None if worker_transform is None else WorkerTransform(worker_transform, owner)
         self.create_env_fn = fns
         self.create_env_kwargs = kwargs
         self.num_workers = num_workers
@@ -157,7 +172,7 @@ class ParallelEnv(BatchedEnv):
         pickled = [PickledFactory(fn, owner, f"worker {w}")
                    for w, fn in enumerate(bind_kwargs(self.create_env_fn, self.create_env_kwargs))]
         families = registered()
-        args = [(factory, k, w * k, families, self.num_sub_threads) for w, factory in enumerate(pickled)]
+        args = [(factory, k, w * k, families, self.num_sub_threads, self._wrap) for w, factory in enumerate(pickled)]
         try:
             self._pool = WorkerPool(run_env_worker, args, handshake=self._handshake,
                                     preload=set().union(*(f.imports for f in pickled)), **self._pool_options)

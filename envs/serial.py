@@ -52,15 +52,30 @@ class SerialEnv(BatchedEnv):
         device = check_torchrl_options(owner, device, options)
         self.create_env_fn, self.create_env_kwargs = constructors_and_kwargs(
             create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
-        self.num_workers = num_envs
-        self._group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner, registered())
-        buffers = allocate_buffers(self._group.specs, num_envs, shared=False)
-        self._group.bind(buffers)
-        super().__init__(self._group.specs, num_envs, buffers, check_actions=check_actions, owner=owner,
-                         device=device)
+        self._adopt(EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner, registered()), owner,
+                    check_actions, device)
         self.check_values = bool(check_values)
 
+    @classmethod
+    def of_group(cls, group: EnvGroup, owner: str) -> SerialEnv:
+        """A SerialEnv over envs already built (a ParallelEnv worker's, under its ``worker_transform``): batch
+        ``[len(group)]``, actions unchecked (its caller checked them); closing it closes them. It cannot start
+        them again (it has no constructors)."""
+        env = cls.__new__(cls)
+        env.create_env_fn = env.create_env_kwargs = None
+        env._adopt(group, owner, False, None)
+        return env
+
+    def _adopt(self, group: EnvGroup, owner: str, check_actions: bool | str, device) -> None:
+        self.num_workers = len(group)
+        self._group = group
+        buffers = allocate_buffers(group.specs, len(group), shared=False)
+        group.bind(buffers)
+        super().__init__(group.specs, len(group), buffers, check_actions=check_actions, owner=owner, device=device)
+
     def _start_again(self):
+        if self.create_env_fn is None:
+            raise RuntimeError(f"{self.owner}: these envs were built elsewhere and cannot be started again here.")
         group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), self.owner, registered())
         try:
             check_same_specs({"the first start's envs": self._env_specs, "the restarted envs": group.specs},

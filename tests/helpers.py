@@ -328,3 +328,28 @@ def compare_when_told(tensor, copy, go, answer) -> None:
     this process holds must never be written by the process it was forked from)."""
     go.wait(60)
     answer.put(bool(torch.equal(tensor, copy)))
+
+
+class PixelEpisodesEnv(gym.Env):
+    """A small Atari-like env: ``{"pixels": 30x40x3 uint8}`` frames drawn from the env's seeded RNG, 6 actions,
+    rewards in {-1, 0, 1}, and episodes that end at random (about one step in eight) or are truncated after 20
+    steps, so that the envs of a batch reset at different steps."""
+
+    def __init__(self):
+        self.observation_space = spaces.Dict({"pixels": spaces.Box(0, 255, (30, 40, 3), np.uint8)})
+        self.action_space = spaces.Discrete(6)
+        self.count = 0
+
+    def _frame(self):
+        return {"pixels": self.np_random.integers(0, 256, (30, 40, 3), dtype=np.uint8)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return self._frame(), {}
+
+    def step(self, action):
+        self.count += 1
+        reward = float(self.np_random.integers(-1, 2)) * (1 + int(action) % 2)
+        terminated = bool(self.np_random.random() < 0.125)
+        return self._frame(), reward, terminated, self.count >= 20, {}

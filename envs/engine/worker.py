@@ -99,15 +99,19 @@ class Recording:
 
 
 def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, families: tuple,
-                   threads: int = 1) -> None:
+                   threads: int = 1, wrap=None) -> None:
     """A ParallelEnv worker: builds ``envs_per_worker`` envs from ``factory`` (a cloudpickled constructor) here, in
     this process, stepped through ``families`` (``stepper.Family``), with ``threads`` torch threads, then serves
     ``STEP``, ``SLOT_STEP``, ``ROLL``, ``RESET`` and the calls ``set_seed``, ``env_attribute`` (its
-    :class:`EnvGroup`'s), ``bind_slots`` and ``bind_rollout``."""
+    :class:`EnvGroup`'s), ``bind_slots`` and ``bind_rollout``. ``wrap``: None, or a picklable ``group -> group``
+    applied to the built group (an object with the group's interface that the worker steps instead, e.g. its envs
+    under a transform)."""
     channel.start()
     torch.set_num_threads(threads)
     try:
         group = EnvGroup([factory] * envs_per_worker, "ParallelEnv", families, first_index=first_env)
+        if wrap is not None:
+            group = wrap(group)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the main process
         channel.fail_start(exc)
     try:

@@ -1,0 +1,153 @@
+"""TorchRL's PPO-Atari env pipeline (``sota-implementations/ppo/utils_atari.py: make_parallel_env``), env steps/s
+with random actions, interleaved rounds in one run:
+
+    python -m benchmarks.atari_pipeline [--rounds 3] [--steps 200] [--systems ...] [--rl ../shared/torchrl-tests]
+
+Systems (8 envs each):
+
+* ``torchrl`` - ``make_parallel_env`` as TorchRL ships it: TorchRL's ``ParallelEnv`` (8 workers), its transforms
+  (``ToTensorImage``, ``GrayScale``, ``Resize(84, 84)``, ``CatFrames(4)``, ``RewardSum``, ``StepCounter``,
+  ``SignTransform``, ``DoubleToFloat``, ``VecNorm``) in this process;
+* ``ours_main_8x1`` / ``ours_workers_8x1`` - the same function with our ``ParallelEnv`` imported in its place,
+  transforms in this process / moved into the workers (``move_transforms_to_workers``: ``VecNorm`` stays here);
+* ``ours_main_2x4`` / ``ours_workers_2x4`` - the same with 2 workers of 4 envs;
+* ``envpool`` - EnvPool's ``Pong-v5`` (84x84x4, its own C++ preprocessing), 2 threads;
+* ``serial`` - gymnasium's ``SyncVectorEnv`` of ``AtariPreprocessing`` + frame stack, one process.
+
+The last two do other work per step (their frames are preprocessed in C++ or by gymnasium, at 4 emulator frames
+per step where TorchRL's pipeline steps 4 of ``Pong-v5``'s own 4-frame steps): they are there for scale. Each
+system is built, reset and warmed up (``--warmup`` steps), then ``rollout(--steps)`` is timed, then it is closed.
+Where torchvision is not installed, ``Resize`` runs on ``benchmarks/sota_standins`` (for every system alike).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDINS = ROOT / "benchmarks" / "sota_standins"
+ENV_NAME = "ALE/Pong-v5"
+NUM_ENVS = 8
+SYSTEMS = ["torchrl", "ours_main_8x1", "ours_workers_8x1", "ours_main_2x4", "ours_workers_2x4", "envpool", "serial"]
+
+
+def _use_standins() -> None:
+    """``torchvision`` from the stand-ins where it is not installed, here and in every worker (spawned or forked)."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    sys.path.insert(0, str(STANDINS))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(STANDINS), str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+
+def load_utils(rl: Path):
+    """TorchRL's ``utils_atari`` module, as shipped."""
+    import ale_py
+    import gymnasium
+
+    gymnasium.register_envs(ale_py)
+    path = rl / "sota-implementations" / "ppo" / "utils_atari.py"
+    spec = importlib.util.spec_from_file_location("utils_atari", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(system: str, utils):
+    """The env of ``system`` (a TorchRL env, except ``envpool`` / ``serial``: gymnasium vector envs)."""
+    if system == "torchrl":
+        return utils.make_parallel_env(ENV_NAME, NUM_ENVS, "cpu", "gymnasium")
+    if system.startswith("ours_"):
+        from tdcollect.envs import ParallelEnv, move_transforms_to_workers
+
+        workers = 8 if system.endswith("8x1") else 2
+        torchrl_parallel = utils.ParallelEnv
+        utils.ParallelEnv = lambda num_envs, *args, **kwargs: ParallelEnv(workers, *args,
+                                                                           envs_per_worker=num_envs // workers,
+                                                                           **kwargs)
+        try:
+            env = utils.make_parallel_env(ENV_NAME, NUM_ENVS, "cpu", "gymnasium")
+        finally:
+            utils.ParallelEnv = torchrl_parallel
+        return move_transforms_to_workers(env) if "_workers_" in system else env
+    from benchmarks import anchors
+
+    if system == "envpool":
+        import envpool
+
+        task, options = anchors.ENVPOOL_TASKS["atari84"]
+        return envpool.make(task, env_type="gymnasium", num_envs=NUM_ENVS, batch_size=NUM_ENVS, num_threads=2,
+                            seed=0, **options)
+    if system == "serial":
+        return anchors.build_serial("atari84", NUM_ENVS)
+    raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
+
+
+def timed(system: str, utils, steps: int, warmup: int) -> float:
+    """Env steps per second of ``system``: a timed ``rollout(steps)`` (random actions) after ``warmup`` steps."""
+    import numpy as np
+    import torch
+
+    env = build(system, utils)
+    try:
+        if system in ("envpool", "serial"):
+            env.reset(seed=0)
+            rng = np.random.default_rng(0)
+            n = env.action_space.shape[0] if env.action_space.shape else NUM_ENVS
+            actions = [rng.integers(0, 6, size=n) for _ in range(warmup + steps)]
+            for a in actions[:warmup]:
+                env.step(a)
+            start = time.perf_counter()
+            for a in actions[warmup:]:
+                env.step(a)
+            return steps * NUM_ENVS / (time.perf_counter() - start)
+        torch.manual_seed(0)
+        env.set_seed(0)
+        env.rollout(warmup, break_when_any_done=False)
+        start = time.perf_counter()
+        env.rollout(steps, break_when_any_done=False)
+        return steps * NUM_ENVS / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
+    parser.add_argument("--rl", type=Path, default=ROOT.parent / "shared" / "torchrl-tests")
+    parser.add_argument("--json", type=Path, default=None, help="write the rates here")
+    args = parser.parse_args(argv)
+    _use_standins()
+    utils = load_utils(args.rl)
+    rates: dict[str, list[float]] = {system: [] for system in args.systems}
+    for round_ in range(args.rounds):
+        for system in args.systems:
+            rate = timed(system, utils, args.steps, args.warmup)
+            rates[system].append(rate)
+            print(f"round {round_ + 1} {system:18s} {rate:8.0f} env steps/s", flush=True)
+    summary = {system: statistics.median(values) for system, values in rates.items()}
+    print("\nmedian env steps/s" + ("" if "torchrl" not in summary else " (x TorchRL's pipeline)"))
+    for system, rate in summary.items():
+        ratio = f"  {rate / summary['torchrl']:.2f}x" if "torchrl" in summary else ""
+        print(f"  {system:18s} {rate:8.0f}{ratio}")
+    if "torchrl" in rates:
+        for system, values in rates.items():
+            if system != "torchrl":
+                per_round = [v / t for v, t in zip(values, rates["torchrl"])]
+                print(f"  {system:18s} per round x TorchRL: {', '.join(f'{r:.2f}' for r in per_round)}")
+    out = {"rates": rates, "median": summary, "steps": args.steps, "num_envs": NUM_ENVS, "env": ENV_NAME}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
