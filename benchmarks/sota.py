@@ -43,6 +43,10 @@ SCRIPTS = {
 }
 
 
+#: the ways a script runs: as shipped, with our classes, with our classes and the Atari transforms in our workers
+IMPLS = ["ours", "torchrl", "ours_workers"]
+
+
 def swap_imports(source: str) -> str:
     """The module's source with tdcollect's collectors and ParallelEnv in place of TorchRL's (imports only)."""
     source = source.replace("from torchrl.collectors import", "from tdcollect.collectors import")
@@ -55,13 +59,35 @@ def swap_imports(source: str) -> str:
     return "".join(lines)
 
 
+def move_transforms(source: str) -> str:
+    """``utils_atari.make_parallel_env``'s source with the line a user adds to run its transforms in our workers
+    (``env = move_transforms_to_workers(env)`` before it returns)."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    function = next((node for node in ast.walk(tree)
+                     if isinstance(node, ast.FunctionDef) and node.name == "make_parallel_env"), None)
+    if function is None:
+        return source
+    returned = function.body[-1]
+    indent = re.match(r"\s*", lines[returned.lineno - 1]).group(0)
+    lines.insert(returned.lineno - 1, f"{indent}from tdcollect.envs import move_transforms_to_workers\n\n"
+                                      f"{indent}env = move_transforms_to_workers(env)\n")
+    return "".join(lines)
+
+
 def prepare(rl: Path, script: str, impl: str, root: Path) -> Path:
+    """A copy of the script's folder for ``impl``: ``torchrl`` (as shipped), ``ours`` (imports swapped) or
+    ``ours_workers`` (imports swapped and the Atari transforms moved into the workers, see
+    :func:`move_transforms`)."""
     folder, _, _, _ = SCRIPTS[script]
     target = root / f"{script}-{impl}"
     shutil.copytree(rl / "sota-implementations" / folder, target)
-    if impl == "ours":
+    if impl.startswith("ours"):
         for path in target.glob("*.py"):
-            path.write_text(swap_imports(path.read_text()))
+            source = swap_imports(path.read_text())
+            if impl == "ours_workers" and path.name == "utils_atari.py":
+                source = move_transforms(source)
+            path.write_text(source)
     return target
 
 
@@ -82,7 +108,7 @@ def run(target: Path, script: str) -> tuple[float, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scripts", nargs="+", choices=sorted(SCRIPTS), default=sorted(SCRIPTS))
-    parser.add_argument("--impls", nargs="+", choices=["ours", "torchrl"], default=["ours", "torchrl"])
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=["ours", "torchrl"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rl", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "torchrl-tests")
     args = parser.parse_args(argv)
@@ -95,15 +121,16 @@ def main(argv=None) -> int:
                     seconds, _ = run(targets[script, impl], script)
                     results.setdefault((script, impl), []).append(seconds)
                     print(f"round {r + 1} {script:10s} {impl:8s} {seconds:7.1f} s", flush=True)
-    print("\n| script | frames | ours: s (frames/s) | TorchRL: s (frames/s) |\n|---|---|---|---|")
+    print("\n| script | frames | " + " | ".join(f"{impl}: s (frames/s)" for impl in args.impls) + " |\n|---|---|"
+          + "---|" * len(args.impls))
     for script in args.scripts:
         frames = SCRIPTS[script][2]
         cells = []
-        for impl in ("ours", "torchrl"):
+        for impl in args.impls:
             runs = results.get((script, impl))
             best = min(runs) if runs else None
             cells.append(f"{best:.1f} ({frames / best:,.0f})" if best else "-")
-        print(f"| {script} | {frames} | {cells[0]} | {cells[1]} |")
+        print(f"| {script} | {frames} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -1,0 +1,30 @@
+"""The sota benchmark's edits of TorchRL's scripts: imports swapped, and the line that moves the Atari transforms
+into our workers."""
+from __future__ import annotations
+
+from benchmarks.sota import move_transforms, swap_imports
+
+SCRIPT = '''from __future__ import annotations
+
+from torchrl.envs import ParallelEnv, TransformedEnv, VecNorm
+
+
+def make_parallel_env(num_envs):
+    env = ParallelEnv(num_envs, make_base_env)
+    env = TransformedEnv(env)
+    env.append_transform(VecNorm(in_keys=["pixels"]))
+    return env
+'''
+
+
+def test_the_transforms_move_with_one_line_before_the_return():
+    out = move_transforms(swap_imports(SCRIPT))
+    compile(out, "utils_atari.py", "exec")
+    assert "from tdcollect.envs import ParallelEnv\n" in out
+    body = out.split("def make_parallel_env(num_envs):\n")[1].splitlines()
+    assert body[-2:] == ["    env = move_transforms_to_workers(env)", "    return env"]
+    assert "    from tdcollect.envs import move_transforms_to_workers" in body
+
+
+def test_a_module_without_the_function_is_left_alone():
+    assert move_transforms("x = 1\n") == "x = 1\n"
