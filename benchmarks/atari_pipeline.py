@@ -88,8 +88,10 @@ def build(system: str, utils):
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
 
 
-def timed(system: str, utils, steps: int, warmup: int) -> float:
-    """Env steps per second of ``system``: a timed ``rollout(steps)`` (random actions) after ``warmup`` steps."""
+def timed(system: str, utils, steps: int, warmup: int, mode: str = "rollout") -> float:
+    """Env steps per second of ``system`` after ``warmup`` steps, random actions: ``mode="rollout"``, a timed
+    ``rollout(steps)`` (TorchRL's, which stacks its steps at the end); ``"steps"``, a loop of ``steps``
+    ``step_and_maybe_reset`` calls, as a collector steps (into storage of its own)."""
     import numpy as np
     import torch
 
@@ -109,8 +111,15 @@ def timed(system: str, utils, steps: int, warmup: int) -> float:
         torch.manual_seed(0)
         env.set_seed(0)
         env.rollout(warmup, break_when_any_done=False)
+        if mode == "rollout":
+            start = time.perf_counter()
+            env.rollout(steps, break_when_any_done=False)
+            return steps * NUM_ENVS / (time.perf_counter() - start)
+        td = env.reset()
         start = time.perf_counter()
-        env.rollout(steps, break_when_any_done=False)
+        for _ in range(steps):
+            td = env.rand_action(td)
+            _, td = env.step_and_maybe_reset(td)
         return steps * NUM_ENVS / (time.perf_counter() - start)
     finally:
         env.close()
@@ -122,6 +131,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
+    parser.add_argument("--mode", choices=["rollout", "steps"], default="rollout",
+                        help="rollout(steps), or a step_and_maybe_reset loop as a collector steps")
     parser.add_argument("--rl", type=Path, default=ROOT.parent / "shared" / "torchrl-tests")
     parser.add_argument("--json", type=Path, default=None, help="write the rates here")
     args = parser.parse_args(argv)
@@ -130,7 +141,7 @@ def main(argv=None) -> dict:
     rates: dict[str, list[float]] = {system: [] for system in args.systems}
     for round_ in range(args.rounds):
         for system in args.systems:
-            rate = timed(system, utils, args.steps, args.warmup)
+            rate = timed(system, utils, args.steps, args.warmup, args.mode)
             rates[system].append(rate)
             print(f"round {round_ + 1} {system:18s} {rate:8.0f} env steps/s", flush=True)
     summary = {system: statistics.median(values) for system, values in rates.items()}
@@ -143,7 +154,8 @@ def main(argv=None) -> dict:
             if system != "torchrl":
                 per_round = [v / t for v, t in zip(values, rates["torchrl"])]
                 print(f"  {system:18s} per round x TorchRL: {', '.join(f'{r:.2f}' for r in per_round)}")
-    out = {"rates": rates, "median": summary, "steps": args.steps, "num_envs": NUM_ENVS, "env": ENV_NAME}
+    out = {"rates": rates, "median": summary, "steps": args.steps, "mode": args.mode, "num_envs": NUM_ENVS,
+           "env": ENV_NAME}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out

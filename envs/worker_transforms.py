@@ -179,9 +179,13 @@ def move_transforms_to_workers(env: TransformedEnv) -> TransformedEnv:
     rest (left in this process, in order). The same data; the per-frame work runs in the workers.
 
     The ParallelEnv is built again with its own arguments and the old one closed (its workers stop), so call this
-    once, before the env is used. Returns the new env (``env`` itself when no transform can move)."""
+    once, before the env is used. Returns the new env; ``env`` itself when no transform can move, or when its
+    base is a ``SerialEnv`` (``ParallelEnv(1, ..., serial_for_single=True)`` builds one: no workers).
+    Anything else is an :class:`~tdcollect.envs.errors.ArgumentError`."""
     from .parallel import ParallelEnv
 
+    if isinstance(env, TransformedEnv) and type(env.base_env) is SerialEnv:
+        return env  # (ParallelEnv(1, ..., serial_for_single=True)): no workers, the transforms stay here
     if not isinstance(env, TransformedEnv) or type(env.base_env) is not ParallelEnv:
         raise ArgumentError(f"move_transforms_to_workers takes TransformedEnv(ParallelEnv(...), transforms), got "
                             f"{type(env).__name__}" + (f"({type(env.base_env).__name__})"
