@@ -25,6 +25,7 @@ from torchrl.envs import (
     TransformedEnv,
     VecNorm,
 )
+from torchrl.envs.utils import step_mdp
 
 from tdcollect.envs import ArgumentError, ParallelEnv, SerialEnv, WorkerError, move_transforms_to_workers
 from tests.helpers import PixelEpisodesEnv
@@ -72,11 +73,15 @@ def pipeline() -> TransformedEnv:
 
 
 def run(env, steps: int = 50):
-    """A seeded random-action rollout, then a reset of env 1 alone and a few more steps."""
+    """A seeded random-action rollout, the resets of the envs its last step ended (``maybe_reset``, as the next
+    ``step_and_maybe_reset`` would), then a reset of env 1 alone and a few more steps. (Without the first, a
+    ``VecNorm`` in this process, which updates its statistics with every row at every reset, would see an ended
+    env's last frame when its transforms run here and its reset frame when they ran in its worker; see the
+    docs.)"""
     env.set_seed(7)
     torch.manual_seed(7)
     first = env.rollout(steps, break_when_any_done=False)
-    state = first[:, -1]["next"].exclude("reward")
+    state = env.maybe_reset(step_mdp(first[:, -1]))
     partial = state.clone()
     partial.set("_reset", torch.tensor([False, True, False, False]).unsqueeze(-1))
     after_reset = env.reset(partial)
@@ -93,6 +98,7 @@ def assert_same(a, b):
 
 @pytest.mark.timeout(300)
 def test_the_ppo_atari_transforms_give_the_same_data_in_the_workers():
+    torch.manual_seed(0)  # the workers' torch RNG (NoopResetEnv's draws) starts from this process's, at their fork
     main_side = pipeline()
     moved = move_transforms_to_workers(pipeline())
     try:
@@ -106,6 +112,7 @@ def test_the_ppo_atari_transforms_give_the_same_data_in_the_workers():
         done = expected[0].get(("next", "done"))
         assert done.any(1).all() and not done.all(), "the envs must end at different steps"
         assert (expected[0].get(("next", "step_count")) == 9).any(), "StepCounter must truncate some episodes"
+        assert expected[0][:, -1].get(("next", "done")).any(), "an env must end at the rollout's last step"
         for a, b in zip(expected, got):
             assert_same(a, b)
         assert got[0].get("pixels").shape == (4, 50, 4, 84, 84)
@@ -168,3 +175,22 @@ def test_a_partial_step_is_refused_with_a_worker_transform():
             env.step(td)
     finally:
         env.close()
+
+
+@pytest.mark.timeout(180)
+def test_collectors_take_a_parallel_env_with_a_worker_transform():
+    from tdcollect.collectors import Collector, MultiSyncCollector
+
+    def make_env():
+        return ParallelEnv(2, make_seeded_env, worker_transform=Compose(StepCounter(max_steps=5), RewardSum()))
+
+    for collector in (Collector(make_env, None, frames_per_batch=20, total_frames=40),
+                      MultiSyncCollector([make_env], None, frames_per_batch=20, total_frames=40)):
+        try:
+            batches = list(collector)
+        finally:
+            collector.shutdown()
+        assert len(batches) == 2
+        steps = batches[-1].get(("next", "step_count"))
+        assert steps.shape[-3:] == (2, 10, 1) and steps.max() == 5 and steps.min() >= 1
+        assert batches[-1].get(("next", "truncated"))[steps == 5].all()
