@@ -162,6 +162,16 @@ class ParallelEnv(BatchedEnv):
             raise
         self.check_values = bool(check_values)
 
+    def with_worker_transform(self, transform) -> ParallelEnv:
+        """A ParallelEnv built with this one's constructors and arguments whose workers run ``transform`` (see
+        ``worker_transform``); this one is closed. (:func:`~tdcollect.envs.move_transforms_to_workers` calls it.)"""
+        if type(self) is not ParallelEnv:
+            raise ArgumentError(f"{self.owner}: only a ParallelEnv is built again with a worker transform here; pass "
+                                f"worker_transform= to {type(self).__name__}(...) instead.")
+        moved = ParallelEnv(**self._arguments, worker_transform=transform)
+        self.close()
+        return moved
+
     def _start_pool(self) -> None:
         """Start the workers with the current constructors and kwargs (see ``update_kwargs``); the handshake
         leaves the shared buffers and the reset mask in ``_handshake``. As TorchRL's ParallelEnv, this process

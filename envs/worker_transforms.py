@@ -32,7 +32,6 @@ from torchrl.envs import Compose, Transform, TransformedEnv
 from .engine.errors import ArgumentError
 from .engine.shared import BufferViews, EnvSpecs
 from .libs.envbase import TorchRLStepper
-from .serial import SerialEnv
 
 #: transforms whose state spans the envs of a batch: kept in the main process (their name starts so)
 SPANNING = ("VecNorm",)
@@ -110,6 +109,8 @@ class TransformedGroup:
     block = None  # its envs never step as one block of raw frames: the transforms come between
 
     def __init__(self, group, transform: Transform, owner: str):
+        from .serial import SerialEnv  # (here: a ParallelEnv imports this module, and SerialEnv is a floor above)
+
         self.inner = group
         self.owner = owner
         try:
@@ -182,15 +183,16 @@ def move_transforms_to_workers(env: TransformedEnv) -> TransformedEnv:
     once, before the env is used. Returns the new env; ``env`` itself when no transform can move, or when its
     base is a ``SerialEnv`` (``ParallelEnv(1, ..., serial_for_single=True)`` builds one: no workers).
     Anything else is an :class:`~tdcollect.envs.errors.ArgumentError`."""
-    from .parallel import ParallelEnv
+    from .serial import SerialEnv
 
-    if isinstance(env, TransformedEnv) and type(env.base_env) is SerialEnv:
+    base = env.base_env if isinstance(env, TransformedEnv) else env
+    if isinstance(env, TransformedEnv) and type(base) is SerialEnv:
         return env  # (ParallelEnv(1, ..., serial_for_single=True)): no workers, the transforms stay here
-    if not isinstance(env, TransformedEnv) or type(env.base_env) is not ParallelEnv:
+    rebuild = getattr(type(base), "with_worker_transform", None)  # (on the class: an env forwards the rest)
+    if not isinstance(env, TransformedEnv) or rebuild is None:
         raise ArgumentError(f"move_transforms_to_workers takes TransformedEnv(ParallelEnv(...), transforms), got "
-                            f"{type(env).__name__}" + (f"({type(env.base_env).__name__})"
+                            f"{type(env).__name__}" + (f"({type(base).__name__})"
                                                         if isinstance(env, TransformedEnv) else "") + ".")
-    base = env.base_env
     if base.worker_transform is not None:
         raise ArgumentError("move_transforms_to_workers: this ParallelEnv already runs a worker_transform.")
     parts = list(env.transform.transforms) if isinstance(env.transform, Compose) else [env.transform]
@@ -201,6 +203,4 @@ def move_transforms_to_workers(env: TransformedEnv) -> TransformedEnv:
         return env
     head = Compose(*[part.clone() for part in parts[:moving]])
     tail = Compose(*[part.clone() for part in parts[moving:]])
-    moved = ParallelEnv(**base._arguments, worker_transform=head)
-    base.close()
-    return TransformedEnv(moved, tail)
+    return TransformedEnv(base.with_worker_transform(head), tail)
