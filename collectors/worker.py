@@ -17,7 +17,7 @@ from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
 from torchrl.data import StackedComposite
 from torchrl.envs import EnvBase
 
-from tdcollect.envs.engine.errors import SpecMismatchError
+from tdcollect.envs.engine.errors import SpecMismatchError, sendable
 from tdcollect.envs.engine.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
 from tdcollect.envs.engine.shared import EnvSpecs, unbufferable
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs, is_env_instance
@@ -65,11 +65,8 @@ class CopyOfEnv:
     instance (a gymnasium env, a native engine's object, ...) must come as a constructor."""
 
     def __init__(self, env: EnvBase, owner: str):
-        try:
-            self.payload = cloudpickle.dumps(env)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
-            raise TypeError(f"{owner}: the {type(env).__name__} instance cannot be copied to the worker processes "
-                            f"({type(exc).__name__}: {exc}); pass a function that builds it instead.") from exc
+        self.payload = sendable(env, TypeError, f"{owner}: the {type(env).__name__} instance cannot be copied to the "
+                                "worker processes", "; pass a function that builds it instead.")
 
     def __call__(self) -> EnvBase:
         return cloudpickle.loads(self.payload)

@@ -9,7 +9,7 @@ import cloudpickle
 import torch
 
 from . import libs
-from .engine.errors import ArgumentError, ConstructorError
+from .engine.errors import ArgumentError, ConstructorError, sendable
 from .engine.preload import costly_imports
 from .engine.user_warnings import warn_caller
 
@@ -143,14 +143,9 @@ class PickledFactory:
 
     def __init__(self, fn: Callable[[], Any], owner: str, slot: str):
         self.imports = costly_imports(fn, libs.costly_imports())  # see engine/preload.py
-        try:
-            self.payload = cloudpickle.dumps(fn)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
-            raise ConstructorError(
-                f"{owner}: the constructor for {slot} cannot be sent to a worker process "
-                f"({type(exc).__name__}: {exc}). A constructor must not capture live env or engine "
-                "objects; create them inside the function instead."
-            ) from exc
+        self.payload = sendable(fn, ConstructorError, f"{owner}: the constructor for {slot} cannot be sent to a worker "
+                                "process", ". A constructor must not capture live env or engine objects; create them "
+                                "inside the function instead.")
 
     def __call__(self):
         return cloudpickle.loads(self.payload)()

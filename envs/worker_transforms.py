@@ -29,7 +29,7 @@ import numpy as np
 from tensordict import TensorDictBase
 from torchrl.envs import Compose, Transform, TransformedEnv
 
-from .engine.errors import ArgumentError
+from .engine.errors import ArgumentError, sendable
 from .engine.shared import BufferViews, EnvSpecs
 from .libs.envbase import TorchRLStepper
 
@@ -68,11 +68,8 @@ class WorkerTransform:
     def __init__(self, transform: Transform | Callable[[], Transform], owner: str):
         check_worker_transform(transform, owner)
         self.owner = owner
-        try:
-            self.payload = cloudpickle.dumps(transform)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
-            raise ArgumentError(f"{owner}: worker_transform cannot be sent to a worker process "
-                                f"({type(exc).__name__}: {exc}); pass a function that builds the transform.") from exc
+        self.payload = sendable(transform, ArgumentError, f"{owner}: worker_transform cannot be sent to a worker "
+                                "process", "; pass a function that builds the transform.")
 
     def build(self) -> Transform:
         """The transform, built here (a fresh copy per call)."""

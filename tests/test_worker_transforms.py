@@ -194,3 +194,12 @@ def test_collectors_take_a_parallel_env_with_a_worker_transform():
         steps = batches[-1].get(("next", "step_count"))
         assert steps.shape[-3:] == (2, 10, 1) and steps.max() == 5 and steps.min() >= 1
         assert batches[-1].get(("next", "truncated"))[steps == 5].all()
+
+
+def test_a_transform_that_cannot_be_sent_is_a_clear_error():
+    import threading
+
+    unsendable = StepCounter()
+    unsendable.lock_of_mine = threading.Lock()
+    with pytest.raises(ArgumentError, match="worker_transform cannot be sent to a worker process.*pass a function"):
+        ParallelEnv(1, make_base_env, worker_transform=unsendable)

@@ -6,6 +6,8 @@ import pickle
 import signal
 import traceback
 
+import cloudpickle
+
 
 class WorkerError(RuntimeError):
     """Something went wrong in worker ``worker`` (an index in ``range(num_workers)``)."""
@@ -149,3 +151,12 @@ def worker_error(w: int, report: dict) -> EnvWorkerError:
     error = EnvWorkerError(w, report["type"], report["message"], report["traceback"], report["during"])
     error.original = unpickled_exception(report.get("original"))
     return error
+
+
+def sendable(obj, error: type[Exception], cannot: str, fix: str) -> bytes:
+    """``obj`` cloudpickled for the worker processes (lambdas and closures of a notebook or ``__main__`` too); when it
+    cannot be, ``error(f"{cannot} (<why>){fix}")`` raised here, in the caller's process."""
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing to the user
+        raise error(f"{cannot} ({type(exc).__name__}: {exc}){fix}") from exc
