@@ -54,31 +54,26 @@ def our_children() -> list[str]:
     me = os.getpid()
     ours = []
     for proc in psutil.Process().children(recursive=True):
-        command = _command(proc)
-        if command is None or any(helper in command for helper in _HELPERS):
-            continue
         try:
             lineage = proc.parents()
         except psutil.Error:
             continue
-        ancestors = []
-        for parent in lineage:  # up to this process, not past it
+        chain = [proc]  # the process and its parents up to this process, not past it
+        for parent in lineage:
             if parent.pid == me:
                 break
-            ancestors.append(parent)
-        if any(helper in (_command(parent) or "") for helper in _HELPERS for parent in ancestors):
+            chain.append(parent)
+        commands = [_command(process) for process in chain]
+        if commands[0] is None or any(helper in (command or "") for command in commands for helper in _HELPERS):
             continue
-        ours.append(command)
+        ours.append(commands[0])
     return ours
 
 
-def children() -> int:
-    """How many child processes of ours there are (see :func:`our_children`)."""
-    return len(our_children())
-
-
 def sample() -> dict:
-    return {"files": open_files(), "shared_bytes": shared_bytes(), "children": children()}
+    """Open files, mapped shared memory, and our children: how many, and their command lines (``"left"``)."""
+    left = our_children()
+    return {"files": open_files(), "shared_bytes": shared_bytes(), "children": len(left), "left": left}
 
 
 def frames():
@@ -171,7 +166,7 @@ def main(face: str, cycles: int, warm_up: int = 3) -> dict:
         while after["children"] > before["children"] and time.monotonic() < deadline:
             time.sleep(0.5)
             after = sample()
-    return {"face": face, "cycles": cycles, "before": before, "after": after, "left": our_children()}
+    return {"face": face, "cycles": cycles, "before": before, "after": after}
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_create_use_close_cycles_hold_nothing_without_the_garbage_collector(face
     assert after["shared_bytes"] - before["shared_bytes"] <= SHARED_SLACK, f"{face}: mapped shared memory grew: " \
                                                                              f"{before} -> {after}"
     assert after["children"] <= before["children"], f"{face}: child processes left: {before} -> {after}: " \
-                                                    f"{out['left']}"
+                                                    f"{after['left']}"
 
 
 def test_a_dropped_env_is_freed_by_its_last_reference(no_leaks):
