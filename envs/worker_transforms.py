@@ -44,16 +44,21 @@ def _parts(transform: Transform) -> list[Transform]:
     return [transform]
 
 
+def _spanning(transform: Transform) -> Transform | None:
+    """The first transform in ``transform`` (a ``Compose`` looked into) whose state spans envs, or None."""
+    return next((part for part in _parts(transform) if type(part).__name__.startswith(SPANNING)), None)
+
+
 def check_worker_transform(transform: Any, owner: str = "ParallelEnv") -> None:
     """Raise :class:`~tdcollect.envs.errors.ArgumentError` unless ``transform`` is a TorchRL ``Transform`` that may
     run per worker (or a constructor of one: checked when the worker builds it)."""
     if isinstance(transform, Transform):
-        for part in _parts(transform):
-            if type(part).__name__.startswith(SPANNING):
-                raise ArgumentError(
-                    f"{owner}: worker_transform holds {type(part).__name__}, whose statistics span all the envs; "
-                    f"in the workers each would keep its own. Leave it out of worker_transform and append it in "
-                    f"this process: TransformedEnv({owner}(..., worker_transform=...), {type(part).__name__}(...)).")
+        part = _spanning(transform)
+        if part is not None:
+            raise ArgumentError(
+                f"{owner}: worker_transform holds {type(part).__name__}, whose statistics span all the envs; "
+                f"in the workers each would keep its own. Leave it out of worker_transform and append it in "
+                f"this process: TransformedEnv({owner}(..., worker_transform=...), {type(part).__name__}(...)).")
         return
     if isinstance(transform, type) or not callable(transform):
         raise ArgumentError(
@@ -194,10 +199,10 @@ def move_transforms_to_workers(env: TransformedEnv) -> TransformedEnv:
         raise ArgumentError("move_transforms_to_workers: this ParallelEnv already runs a worker_transform.")
     parts = list(env.transform.transforms) if isinstance(env.transform, Compose) else [env.transform]
     moving = 0
-    while moving < len(parts) and not type(parts[moving]).__name__.startswith(SPANNING):
+    while moving < len(parts) and _spanning(parts[moving]) is None:
         moving += 1
     if moving == 0:
         return env
     head = Compose(*[part.clone() for part in parts[:moving]])
     tail = Compose(*[part.clone() for part in parts[moving:]])
-    return TransformedEnv(base.with_worker_transform(head), tail)
+    return TransformedEnv(rebuild(base, head), tail)

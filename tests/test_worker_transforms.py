@@ -203,3 +203,15 @@ def test_a_transform_that_cannot_be_sent_is_a_clear_error():
     unsendable.lock_of_mine = threading.Lock()
     with pytest.raises(ArgumentError, match="worker_transform cannot be sent to a worker process.*pass a function"):
         ParallelEnv(1, make_base_env, worker_transform=unsendable)
+
+
+def test_a_vecnorm_inside_a_nested_compose_stays_in_this_process():
+    env = TransformedEnv(ParallelEnv(1, make_seeded_env, envs_per_worker=2),
+                         Compose(StepCounter(), Compose(VecNorm(in_keys=["pixels"]))))
+    moved = move_transforms_to_workers(env)
+    try:
+        assert [type(t).__name__ for t in moved.base_env.worker_transform] == ["StepCounter"]
+        assert [type(t).__name__ for t in moved.transform] == ["Compose"]
+        assert moved.observation_spec["step_count"].shape == (2, 1)
+    finally:
+        moved.close()
