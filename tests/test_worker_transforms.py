@@ -215,3 +215,15 @@ def test_a_vecnorm_inside_a_nested_compose_stays_in_this_process():
         assert moved.observation_spec["step_count"].shape == (2, 1)
     finally:
         moved.close()
+
+
+def test_a_parallel_env_is_built_again_with_every_argument_of_its_own():
+    import inspect
+
+    env = ParallelEnv(1, make_seeded_env, envs_per_worker=2, timeout=30.0)
+    try:
+        taken = set(inspect.signature(ParallelEnv.__init__).parameters) - {"self", "torchrl_options"}
+        # serial_for_single only acts in __new__ (one worker: a SerialEnv); worker_transform is what changes
+        assert set(env._arguments) == taken - {"serial_for_single", "worker_transform"}
+    finally:
+        env.close()
