@@ -31,6 +31,7 @@ from torchrl.envs import EnvBase
 from .engine.platform_policy import built_on_cpu
 from .engine.recycle import Recycler
 from .engine.shared import EnvObjects, EnvSpecs, forget_caches, key_tuple
+from .engine.stepper import FAMILY_STEPPER, ROAD_ATTRIBUTE
 from .engine.values import check_finite
 from .factories import update_slot_kwargs
 from .forwarding import Forwarding
@@ -117,6 +118,14 @@ class BatchedEnv(Forwarding, EnvBase):
         self.to(device or "cpu")
         self._finalizer = weakref.finalize(self, type(self)._finalize, weakref.ref(self))
         self._forwarding = True  # from here on, unknown public attributes are looked up on the envs
+
+    def roads(self) -> list[str]:
+        """How each env is stepped, one line per env, in env order: ``"native: ..."`` for a TorchRL ``GymEnv`` /
+        ``GymWrapper`` whose gymnasium env tdcollect steps with TorchRL's data, ``"TorchRL's step"`` (with the reason,
+        for a ``GymEnv`` the native road does not cover) for a TorchRL env stepped through its own
+        ``step_and_maybe_reset``, ``"its family's stepper"`` for an env of another family (stepped natively). The
+        roads and what each covers: the docs' TorchRL page."""
+        return self.env_attribute(("__dict__", "get"), "call", (ROAD_ATTRIBUTE, FAMILY_STEPPER))
 
     def _bind_buffers(self, buffers: TensorDictBase) -> None:
         """Take ``buffers`` (see ``shared.py``) as this env's step buffers: at construction and at a restart."""

@@ -1,9 +1,9 @@
 """The package's layers, read from its import graph with ``ast`` (``envs/``, ``collectors/``):
 
 - ``envs/engine/`` imports nothing from ``envs/libs/``, ``envs/vector/`` or the TorchRL face (``envs/*.py``);
-- a family module of ``envs/libs/`` imports no other family module (but the dm_env family, which those in
-  :data:`BUILT_ON_DM_ENV` build on) and no face; ``envs/vector/`` does not import ``collectors``; ``envs`` never
-  imports ``collectors``;
+- a family module of ``envs/libs/`` imports no other family module (but those it builds on, :data:`BUILT_ON`: a
+  wrapper family translating onto another family's road) and no face; ``envs/vector/`` does not import
+  ``collectors``; ``envs`` never imports ``collectors``;
 - an env family's name appears (in any case) only in its own module of ``envs/libs/``, the public ``__init__`` and
   the installer's alias (see :data:`FAMILY_NAMES`);
 - no circle, counting every import (those inside functions too: a lazy import is still a dependency);
@@ -24,8 +24,9 @@ MAX_CHAIN = 9
 MAX_CHAIN_INSIDE = 5
 #: the one package ``__init__`` that modules import: the registry of env families
 REGISTRY = "envs.libs"
-#: family modules that build on the dm_env family's conversions and stepper
-BUILT_ON_DM_ENV = {"envs.libs.dmlab2d"}
+#: family module -> the family modules it builds on: DMLab2D on the dm_env family's conversions and stepper;
+#: TorchRL's GymEnv road on the gymnasium family's checks and block stepper and the TorchRL family's specs
+BUILT_ON = {"envs.libs.dmlab2d": {"envs.libs.dm_env"}, "envs.libs.gymenv": {"envs.libs.gym", "envs.libs.envbase"}}
 #: a family's names (lower case) -> the modules allowed to say them besides tests, docs and tutorials
 FAMILY_NAMES = {
     ("meltingpot",): {"envs.libs.meltingpot", "envs.meltingpot_install"},
@@ -132,7 +133,7 @@ def test_layers():
             if target == REGISTRY and layer(name) != "libs":
                 continue
             if layer(name) == "libs" and layer(target) == "libs":
-                if target != "envs.libs.dm_env" or name not in BUILT_ON_DM_ENV:
+                if target not in BUILT_ON.get(name, ()):
                     wrong.append(f"{name} -> {target} (a family imports another family)")
                 continue
             if layer(target) not in allowed[layer(name)]:

@@ -47,11 +47,24 @@ class Stepper(Protocol):
 
 
 class BlockStepper(Protocol):
-    """The ``k`` envs of a group stepped as one block (``step()`` writes the same data as stepping each of them)."""
+    """The ``k`` envs of a group stepped as one block (``step()`` writes the same data as stepping each of them).
+    Its envs have one observation, ``observation_key``, whose rows it writes where ``write_observations_to`` says
+    (the buffers' rows, ``buffer_observations``, or a rollout's columns: see ``worker.py``)."""
 
     envs: list
+    observation_key: str
+    buffer_observations: tuple
+
+    def write_observations_to(self, next_obs, root_obs) -> None: ...
 
     def step(self) -> None: ...
+
+
+#: the attribute an env object may carry (set by its family when it is built) to say how it is stepped: its "road",
+#: e.g. a TorchRL ``GymEnv`` stepped natively or through TorchRL's ``step`` (read by ``BatchedEnv.roads()``)
+ROAD_ATTRIBUTE = "tdcollect_road"
+#: the road of an env whose family sets none: its family's own stepper
+FAMILY_STEPPER = "its family's stepper"
 
 
 def _never(obj: Any) -> Any:

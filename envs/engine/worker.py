@@ -39,7 +39,7 @@ class Recording:
     """A ParallelEnv worker's ``ROLL``: steps ``t0 .. t1 - 1`` of a rollout run here one after the other, each
     recorded straight into this worker's rows of the rollout's storage (shared memory, bound by the
     ``bind_rollout`` call): the main process waits once for the whole span (see ``worker_rollout.py``). Envs stepped
-    as one block (``libs.gym.GymBlockStepper``) write their observations into the storage's columns themselves
+    as one block (``stepper.BlockStepper``) write their observations into the storage's columns themselves
     (the "next" at ``t``, the root at ``t + 1``), the other entries are copied there from the buffers; after a
     span the buffers hold its last step, as after a step."""
 
@@ -64,9 +64,11 @@ class Recording:
         columns = None
         root = buffers["root"]
         next_ = buffers["next"]
-        if self.group.block is not None:  # (one observation key, "observation")
-            columns = (storage.get(("next", "observation")).numpy(), storage.get("observation").numpy())
-            root, next_ = root.exclude("observation"), next_.exclude("observation")
+        block = self.group.block
+        if block is not None and block.observation_key in storage.keys():  # the block's one observation key
+            obs_key = block.observation_key
+            columns = (storage.get(("next", obs_key)).numpy(), storage.get(obs_key).numpy())
+            root, next_ = root.exclude(obs_key), next_.exclude(obs_key)
         actions = [(k, buffers.get(("action", *key_tuple(k)))) for k in buffers["action"].keys(True, True)]
         recorder = StepRecorder(storage, root, next_, actions, storage.batch_dims - 1)
         self.recorders[key] = (recorder, storage.batch_size[-1], columns)
@@ -96,6 +98,15 @@ class Recording:
                     np.copyto(block.buffer_observations[0], columns[0][:, last])
                     if last + 1 < steps:
                         np.copyto(block.buffer_observations[1], columns[1][:, last + 1])
+
+
+def seed_worker(group, seed: int | None, static_seed: bool = False) -> int | None:
+    """A worker's ``set_seed``: this process's torch RNG is seeded with its first env's seed (what its envs' random
+    draws use, e.g. TorchRL's ``NoopResetEnv`` or ``rand_step``), as in TorchRL's ParallelEnv workers; then its envs
+    are seeded in order (``EnvGroup.set_seed``). Returns the seed for an env after these."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    return group.set_seed(seed, static_seed)
 
 
 def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, families: tuple,
@@ -140,7 +151,7 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
             channel.serve({STEP: partial(answered, group.step), PARTIAL_STEP: partial(answered, group.step, steps),
                            **{code: partial(answered, slot_copies.step, code) for code in SLOT_STEP},
                            ROLL: recording.roll, RESET: partial(answered, group.reset, resets)},
-                          {"set_seed": group.set_seed, "env_attribute": group.env_attribute,
+                          {"set_seed": partial(seed_worker, group), "env_attribute": group.env_attribute,
                            "bind_slots": slot_copies.bind_slots,
                            "bind_rollout": recording.bind})
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -13,8 +13,18 @@ from tensordict import TensorDictBase
 from torchrl.envs import EnvBase
 
 from ..engine.shared import BufferViews, EnvSpecs, key_tuple
-from ..engine.stepper import Family
+from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue, Guard, broadcast_error, value_error
+
+
+def specs_of(env: EnvBase) -> EnvSpecs:
+    """A TorchRL env's full specs, cloned, on the CPU (where the buffers live)."""
+    return EnvSpecs(
+        observation=env.full_observation_spec.clone().cpu(),
+        action=env.full_action_spec.clone().cpu(),
+        reward=env.full_reward_spec.clone().cpu(),
+        done=env.full_done_spec.clone().cpu(),
+    )
 
 
 def stepper_of(env):
@@ -33,12 +43,7 @@ class TorchRLStepper:
 
     def __init__(self, env: EnvBase):
         self.env = env
-        self.specs = EnvSpecs(
-            observation=env.full_observation_spec.clone().cpu(),
-            action=env.full_action_spec.clone().cpu(),
-            reward=env.full_reward_spec.clone().cpu(),
-            done=env.full_done_spec.clone().cpu(),
-        )
+        self.specs = specs_of(env)
         root_objects, next_objects = self.specs.non_tensor_keys()
         self._root_keys = [key for key in self.specs.root_spec().keys(True, True) if key not in root_objects]
         self._next_keys = [key for key in self.specs.next_spec().keys(True, True) if key not in next_objects]
@@ -139,8 +144,16 @@ def _write(buffers: TensorDictBase, values: TensorDictBase) -> None:
         buffers.update_(values)
 
 
+#: the road of a TorchRL env stepped through its own ``step_and_maybe_reset`` (see ``stepper.ROAD_ATTRIBUTE``)
+TORCHRL_STEP = "TorchRL's step"
+
+
 def _stepper(env):
-    return stepper_of(env) if isinstance(env, EnvBase) else None
+    if not isinstance(env, EnvBase):
+        return None
+    if ROAD_ATTRIBUTE not in env.__dict__:
+        object.__setattr__(env, ROAD_ATTRIBUTE, TORCHRL_STEP)
+    return stepper_of(env)
 
 
 def _is_env(obj) -> bool:

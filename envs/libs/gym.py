@@ -310,21 +310,35 @@ class GymStepper:
 
 
 class GymBlockStepper:
-    """``k`` ``GymStepper`` envs with one ``Box`` observation stepped as a block: results are gathered in
-    lists and written with one numpy assignment per key (per env, a list append instead of a numpy write).
-    Every result's shape is checked before the lists are written (a mismatch is the same ``ValueError`` as
-    for a ``GymStepper``, naming the first env at fault): numpy would broadcast a list of ``(1,)``
-    observations into the ``[k, 4]`` rows.
+    """``k`` gymnasium envs with one ``Box`` observation stepped as a block: results are gathered in lists and
+    written with one numpy assignment per key (per env, a list append instead of a numpy write). Every result's
+    shape is checked before the lists are written (a mismatch is the same ``ValueError`` as for a ``GymStepper``,
+    naming the first env at fault): numpy would broadcast a list of ``(1,)`` observations into the ``[k, 4]`` rows.
 
-    Writes the same data as stepping each ``GymStepper``; :func:`block_stepper` decides when it applies.
+    Writes the same data as stepping each ``GymStepper``; :func:`block_stepper` decides when it applies. TorchRL's
+    ``GymEnv`` road (``gymenv.py``) steps its envs with the same block, with its own action reader, observation key
+    and frame skip.
+
+    Args:
+        envs: the ``k`` gymnasium envs.
+        autoresets: for each env, what resets it after an episode's end (``() -> (observation, info)``).
+        views: the group's buffer views (``[k]`` rows).
+        read_actions: ``() -> list`` of the ``k`` actions in the form ``env.step`` takes, read from the action rows.
+        observation_key: the observation's key in the buffers (``"observation"``, or ``"pixels"`` for TorchRL's
+            ``GymEnv(from_pixels=True)``).
+        frame_skip: env steps per step, rewards summed, stopping at an episode's end (as TorchRL's ``GymEnv``).
     """
 
-    def __init__(self, steppers: list[GymStepper], views: BufferViews):
-        self.envs = [stepper.env for stepper in steppers]
-        self._autoresets = [stepper.autoreset for stepper in steppers]
-        self._read_actions = _block_action_reader(steppers[0].env.action_space, views.action_np["action"])
+    def __init__(self, envs: list, autoresets: list, views: BufferViews, read_actions,
+                 observation_key: str = "observation", frame_skip: int = 1):
+        self.envs = envs
+        self._autoresets = autoresets
+        self._read_actions = read_actions
+        self._frame_skip = frame_skip
+        #: the observation's key in the buffers (the worker's rollout recording writes it into a rollout's columns)
+        self.observation_key = observation_key
         #: the observation rows of the buffers ("next", root); see write_observations_to
-        self.buffer_observations = (views.next_np["observation"], views.root_np["observation"])
+        self.buffer_observations = (views.next_np[observation_key], views.root_np[observation_key])
         self._next_obs, self._root_obs = self.buffer_observations
         self._obs_shape = self._next_obs.shape[1:]
         self._obs_guard = Guard(self._next_obs.dtype)
@@ -341,8 +355,12 @@ class GymBlockStepper:
         scalars = SCALARS
         exact = True
         safe = self._obs_guard.safe
+        frame_skip = self._frame_skip
         for env, action in zip(self.envs, self._read_actions()):
-            obs, reward, term, trunc, _ = env.step(action)
+            if frame_skip == 1:
+                obs, reward, term, trunc, _ = env.step(action)
+            else:
+                obs, reward, term, trunc = skip_frames(env, action, frame_skip)
             if exact and (getattr(obs, "shape", None) != shape or type(reward) not in scalars
                           or type(term) not in scalars or type(trunc) not in scalars or obs.dtype not in safe):
                 exact = False
@@ -362,8 +380,8 @@ class GymBlockStepper:
             for i in np.flatnonzero(self._done).tolist():
                 obs, _ = self._autoresets[i]()
                 if shape_of(obs) != self._obs_shape:
-                    raise shape_error(self._first + i, "reset()", "observation", self._obs_shape, shape_of(obs))
-                self._guarded(self._obs_guard, obs, i, "reset()", "observation")
+                    raise shape_error(self._first + i, "reset()", self.observation_key, self._obs_shape, shape_of(obs))
+                self._guarded(self._obs_guard, obs, i, "reset()", self.observation_key)
                 self._root_obs[i] = obs
 
     def write_observations_to(self, next_obs: np.ndarray, root_obs: np.ndarray) -> None:
@@ -375,7 +393,8 @@ class GymBlockStepper:
     def _check(self, observations: list, rewards: list, terminated: list, truncated: list) -> None:
         """The error for the first env whose step() result is None, has a shape other than its buffer row's, or
         holds a value its buffer's dtype cannot hold."""
-        for key, values, expected in (("observation", observations, self._obs_shape), ("reward", rewards, ()),
+        obs_key = self.observation_key
+        for key, values, expected in ((obs_key, observations, self._obs_shape), ("reward", rewards, ()),
                                       ("terminated", terminated, ()), ("truncated", truncated, ())):
             for j, value in enumerate(values):
                 if value is None:
@@ -383,7 +402,7 @@ class GymBlockStepper:
                 received = shape_of(value)
                 if received != expected:
                     raise shape_error(self._first + j, "step()", key, expected, received)
-                self._guarded(self._obs_guard if key == "observation" else SCALAR_GUARD, value, j, "step()", key)
+                self._guarded(self._obs_guard if key == obs_key else SCALAR_GUARD, value, j, "step()", key)
 
     def _guarded(self, guard: Guard, value, j: int, call: str, key: str) -> None:
         try:
@@ -402,7 +421,26 @@ def block_stepper(steppers: list, views: BufferViews) -> GymBlockStepper | None:
         return None
     if not isinstance(env.action_space, (spaces.Discrete, spaces.Box)):
         return None
-    return GymBlockStepper(steppers, views)
+    read_actions = _block_action_reader(env.action_space, views.action_np["action"])
+    return GymBlockStepper([s.env for s in steppers], [s.autoreset for s in steppers], views, read_actions)
+
+
+def skip_frames(env: gym.Env, action, frame_skip: int) -> tuple:
+    """``frame_skip`` steps of ``env`` with ``action``, as TorchRL's ``GymEnv`` takes them: rewards summed from
+    ``0`` in the order they come, stopping after the step that ends the episode. Returns ``(observation, reward,
+    terminated, truncated)`` of the last step taken (the reward summed)."""
+    reward = 0
+    for _ in range(frame_skip):
+        obs, step_reward, terminated, truncated, _ = env.step(action)
+        if type(step_reward) not in SCALARS:
+            try:
+                check_scalars(reward=step_reward)
+            except (Mismatch, BadValue):
+                return obs, step_reward, terminated, truncated  # not a number: the caller's check refuses it
+        reward = reward + step_reward
+        if terminated or truncated:
+            break
+    return obs, reward, terminated, truncated
 
 
 def _block_action_reader(space: spaces.Space, array: np.ndarray):
