@@ -25,10 +25,11 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.pipeline_timing import interleaved, medians, steps_per_second
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "benchmarks" / "sota_standins"
@@ -93,7 +94,6 @@ def timed(system: str, utils, steps: int, warmup: int, mode: str = "rollout") ->
     ``rollout(steps)`` (TorchRL's, which stacks its steps at the end); ``"steps"``, a loop of ``steps``
     ``step_and_maybe_reset`` calls, as a collector steps (into storage of its own)."""
     import numpy as np
-    import torch
 
     env = build(system, utils)
     try:
@@ -108,19 +108,7 @@ def timed(system: str, utils, steps: int, warmup: int, mode: str = "rollout") ->
             for a in actions[warmup:]:
                 env.step(a)
             return steps * NUM_ENVS / (time.perf_counter() - start)
-        torch.manual_seed(0)
-        env.set_seed(0)
-        env.rollout(warmup, break_when_any_done=False)
-        if mode == "rollout":
-            start = time.perf_counter()
-            env.rollout(steps, break_when_any_done=False)
-            return steps * NUM_ENVS / (time.perf_counter() - start)
-        td = env.reset()
-        start = time.perf_counter()
-        for _ in range(steps):
-            td = env.rand_action(td)
-            _, td = env.step_and_maybe_reset(td)
-        return steps * NUM_ENVS / (time.perf_counter() - start)
+        return steps_per_second(env, NUM_ENVS, steps, warmup, mode)
     finally:
         env.close()
 
@@ -138,13 +126,9 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     _use_standins()
     utils = load_utils(args.rl)
-    rates: dict[str, list[float]] = {system: [] for system in args.systems}
-    for round_ in range(args.rounds):
-        for system in args.systems:
-            rate = timed(system, utils, args.steps, args.warmup, args.mode)
-            rates[system].append(rate)
-            print(f"round {round_ + 1} {system:18s} {rate:8.0f} env steps/s", flush=True)
-    summary = {system: statistics.median(values) for system, values in rates.items()}
+    rates = interleaved(args.systems, args.rounds, lambda system: timed(system, utils, args.steps, args.warmup,
+                                                                          args.mode))
+    summary = medians(rates)
     print("\nmedian env steps/s" + ("" if "torchrl" not in summary else " (x TorchRL's pipeline)"))
     for system, rate in summary.items():
         ratio = f"  {rate / summary['torchrl']:.2f}x" if "torchrl" in summary else ""

@@ -83,6 +83,14 @@ class AsyncParallelEnv(ParallelEnv):
         self._action_checks = {}
         super().close(raise_if_closed=raise_if_closed)
 
+    def _refuse_closed(self, call: str) -> None:
+        """``recv`` and ``send`` continue what ``async_reset`` began: on a closed env (closed from another thread, a
+        signal handler, or by you) there is nothing to continue, and starting it again would not bring the batches
+        in flight back: the one "closed" error. ``async_reset()`` starts a closed env again."""
+        if self.is_closed:
+            raise RuntimeError(f"this {self.owner} is closed (from another thread or a signal handler?), so {call}() "
+                               "has nothing to continue: async_reset() starts it again.")
+
     # ----------------------------------------------------------------- asynchronous API
     def async_reset(self) -> None:
         """Start resetting every env (seeded if :meth:`set_seed` was called); returns at once."""
@@ -95,7 +103,7 @@ class AsyncParallelEnv(ParallelEnv):
 
     def recv(self) -> TensorDictBase:
         """The envs of the first ``batch_workers`` workers that finished (see the module docstring)."""
-        self._ensure_open()
+        self._refuse_closed("recv")
         if len(self._in_flight) < self.batch_workers:
             raise RuntimeError(
                 f"recv() needs {self.batch_workers} workers in flight, {len(self._in_flight)} are: call "
@@ -139,7 +147,7 @@ class AsyncParallelEnv(ParallelEnv):
 
     def send(self, tensordict: TensorDictBase) -> None:
         """Step the envs of a batch :meth:`recv` returned with its action entries; returns at once."""
-        self._ensure_open()
+        self._refuse_closed("send")
         workers = self._workers_of(tensordict)
         self._write_rows(tensordict, workers)
         for w in workers:

@@ -49,18 +49,50 @@ from .inputs import (
 from .rollout import batched_rollout
 
 
+class CallState:
+    """What :func:`one_thread` keeps of the call in flight: how deep it is (guarded methods call each other), how
+    many ``close()`` calls came from other threads during calls (``closes``), and how many there were when the
+    call in flight began (``entry``): when they differ, the env was closed under the call, which then ends with the
+    one "closed" error."""
+
+    __slots__ = ("depth", "closes", "entry")
+
+    def __init__(self):
+        self.depth = 0
+        self.closes = 0
+        self.entry = 0
+
+    @property
+    def closed_under(self) -> bool:
+        """Whether a call is in flight and ``close()`` came from another thread since it began."""
+        return self.depth > 0 and self.closes != self.entry
+
+
 def one_thread(method):
     """Refuse a call while another thread is inside a guarded method of the same env (reentrant within one thread):
-    a batched env steps one batch at a time, and two threads would mix their data silently."""
+    a batched env steps one batch at a time, and two threads would mix their data silently. A ``close()`` from
+    another thread while the call runs ends it with one error, the "closed" ``RuntimeError``, whatever it was doing
+    (see :meth:`BatchedEnv.close`), and the call never starts the env again."""
+    name = method.__name__
+
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
         if not self._in_use.acquire(blocking=False):
-            raise RuntimeError(f"{self.owner}.{method.__name__}() was called while another thread is stepping or "
+            raise RuntimeError(f"{self.owner}.{name}() was called while another thread is stepping or "
                                "resetting this env; a batched env steps one batch at a time. Give each thread its own "
                                "env, or serialize the calls with a lock.")
+        calls = self._calls
+        if not calls.depth:
+            calls.entry = calls.closes
+        calls.depth += 1
         try:
             return method(self, *args, **kwargs)
+        except Exception:
+            if calls.closes != calls.entry:
+                raise self.closed_under_error(name) from None
+            raise
         finally:
+            calls.depth -= 1
             self._in_use.release()
 
     return guarded
@@ -94,6 +126,7 @@ class BatchedEnv(Forwarding, EnvBase):
     def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool | str = True,
                  owner: str | None = None, device: torch.device | None = None):
         self._in_use = threading.RLock()
+        self._calls = CallState()
         super().__init__(batch_size=torch.Size([num_envs, *specs.batch_shape]), device=torch.device("cpu"))
         self.owner = owner or type(self).__name__  # who this env is to the user, in error messages
         self.num_envs = num_envs
@@ -452,6 +485,10 @@ class BatchedEnv(Forwarding, EnvBase):
         """Stop everything this env started; idempotent."""
         if self.__dict__.get("is_closed", True):
             return
+        if self._in_use.acquire(blocking=False):  # (this thread's own call, or none: nothing to tell)
+            self._in_use.release()
+        else:  # another thread is in a call: it ends with the "closed" error, and does not start this env again
+            self._calls.closes += 1
         self.is_closed = True
         self._shutdown()
         # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
@@ -477,7 +514,14 @@ class BatchedEnv(Forwarding, EnvBase):
 
     def _ensure_open(self) -> None:
         if self.is_closed:
+            if self._calls.closed_under:
+                raise self.closed_under_error("a call")
             self.start()
+
+    def closed_under_error(self, call: str) -> RuntimeError:
+        """The one error of a call in flight when ``close()`` came from another thread (or a signal handler)."""
+        return RuntimeError(f"this {self.owner} was closed (from another thread or a signal handler?) while "
+                            f"{call}{'()' if call.isidentifier() else ''} ran; it starts again at its next call.")
 
     @one_thread
     @built_on_cpu

@@ -23,6 +23,7 @@ class CountingEnv(gym.Env):
         self.observation_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
         self.action_space = spaces.Discrete(n_actions)
         self.count = 0
+        self.seed_used = -1
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

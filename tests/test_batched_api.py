@@ -1,6 +1,5 @@
 """The EnvBase behaviour shared by SerialEnv and ParallelEnv."""
 import functools
-import time
 
 import gymnasium as gym
 import numpy as np
@@ -192,30 +191,28 @@ def test_spinning_and_blocking_waits_give_the_same_data(no_leaks):
 
 
 def test_the_wait_changes_on_a_running_env(no_leaks):
-    """``env.spin_s = x`` reaches the running workers (a worker polls after a step, burning CPU, only while the wait
-    says so), is kept across a restart, and a bad value is refused and changes nothing."""
-    import psutil
+    """``env.spin_s = x`` reaches the running workers (it is written into the shared-memory value each worker reads
+    before every wait: ``protocol.WorkerChannel.serve``), is kept across a restart, and a bad value is refused and
+    changes nothing. (What the value does to a wait: the ``Wait`` tests below, with a recording semaphore.)"""
 
-    def cpu_after_one_step(env) -> float:
-        workers = [psutil.Process(pid) for pid in env.worker_pids]
-        before = sum(p.cpu_times().user + p.cpu_times().system for p in workers)
-        env.rand_step(env.reset())
-        time.sleep(0.5)
-        return sum(p.cpu_times().user + p.cpu_times().system for p in workers) - before
+    def what_the_workers_read(env) -> float:
+        spin = env._pool._spin_tensor
+        assert spin.is_shared(), "the workers read the value from shared memory"
+        return float(spin[0])
 
     with ParallelEnv(2, cartpole, spin_s=0.0) as env:
         env.spin_s = 0.4
-        assert env.spin_s == 0.4
-        assert cpu_after_one_step(env) > 0.1  # two workers polling for 0.4 s
+        assert env.spin_s == 0.4 and what_the_workers_read(env) == pytest.approx(0.4)
+        env.rand_step(env.reset())
         env.spin_s = 0.0
-        assert cpu_after_one_step(env) < 0.1
+        assert what_the_workers_read(env) == 0.0
         with pytest.raises(ValueError, match="spin_s must be"):
             env.spin_s = -1
-        assert env.spin_s == 0.0
+        assert env.spin_s == 0.0 and what_the_workers_read(env) == 0.0
         env.spin_s = 0.002
         env.close()
         env.reset()
-        assert env.spin_s == 0.002
+        assert env.spin_s == 0.002 and what_the_workers_read(env) == pytest.approx(0.002)
 
 
 class RecordingSemaphore:

@@ -202,3 +202,29 @@ def test_a_bad_value_is_a_clear_error_naming_the_env(frame_skip, no_leaks):
             for _ in range(4):
                 env.rand_step()
     assert "None" in str(raised.value)
+
+
+class TorchRLRoadGymEnv(GymEnv):
+    """TorchRL's ``GymEnv`` as it is, but a subclass: it keeps TorchRL's step (the road before the native one)."""
+
+
+def native_cartpole():
+    return GymEnv("CartPole-v1")
+
+
+def torchrl_road_cartpole():
+    return TorchRLRoadGymEnv("CartPole-v1")
+
+
+def test_a_collector_of_gymenv_constructors_takes_the_native_road_with_the_same_batches(no_leaks):
+    from tdcollect.collectors import MultiSyncCollector
+
+    batches = {}
+    for make in (native_cartpole, torchrl_road_cartpole):
+        collector = MultiSyncCollector([make] * 2, None, frames_per_batch=64, total_frames=192)
+        collector.set_seed(3)
+        batches[make.__name__] = [batch.clone() for batch in collector]
+        collector.shutdown()
+    assert len(batches["native_cartpole"]) == 3
+    for ours, theirs in zip(batches["native_cartpole"], batches["torchrl_road_cartpole"]):
+        assert_same(ours.exclude("collector"), theirs.exclude("collector"), "collector batch")

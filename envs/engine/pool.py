@@ -13,6 +13,7 @@ wait their recent waits say is sure to pass, poll for up to ``spin_s`` seconds, 
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import multiprocessing.util  # noqa: F401 - its exit hook is registered before ours (see _stop_live_pools)
 import threading
@@ -44,6 +45,28 @@ from .shared import close_unfetched_fds, in_shared_memory, reap, semaphore, unfe
 from .user_warnings import warn_caller
 
 _PIPE_GONE = (EOFError, BrokenPipeError, ConnectionResetError, ConnectionRefusedError)
+
+def closed_is_one_error(method):
+    """A call of the pool racing :meth:`WorkerPool.stop` from another thread (a ``close()`` from a watchdog, a signal
+    handler, a notebook's interrupt): whatever the pipes, semaphores and processes that ``stop()`` dropped under it
+    made it raise (an ``AttributeError`` on a dropped connection, ``OSError`` on a closed file descriptor, a worker
+    error from a killed worker), it raises the one "closed" ``RuntimeError``."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as err:
+            if not self.closed or getattr(err, "closed_error", False):
+                raise
+            closed = RuntimeError(f"this {self.owner} was closed (from another thread or a signal handler?) while "
+                                  f"its workers' {name} ran.")
+            closed.closed_error = True
+            raise closed from None
+
+    return guarded
+
 
 #: every pool started and not yet stopped (held strongly: a pool whose owner failed half-way through its own
 #: construction, or was dropped without closing, must still be stopped at exit)
@@ -231,6 +254,7 @@ class WorkerPool:
         return [p.pid for p in self.procs if p is not None and p.exitcode is None]
 
     # ----------------------------------------------------------------- pipe messages
+    @closed_is_one_error
     def receive(self, w: int, during: str, expected: str):
         """The value of worker ``w``'s next message, which must be of kind ``expected``, waiting with liveness
         checks and the timeout; ``("error", report)`` becomes an :class:`~tdcollect.envs.errors.EnvWorkerError`,
@@ -253,6 +277,7 @@ class WorkerPool:
         return value
 
     # ----------------------------------------------------------------- commands
+    @closed_is_one_error
     def run(self, code: int, workers=None, waits=None) -> list | None:
         """Send ``code`` to ``workers`` (default: all) and wait until each has finished it. Returns what they answered
         with (``protocol.REPLIED``), in ``workers`` order (None for a worker without an answer); None when none
@@ -262,6 +287,7 @@ class WorkerPool:
         self.send(code, workers, waits)
         return self.wait(workers, code, waits)
 
+    @closed_is_one_error
     def send(self, code: int, workers, waits=None) -> None:
         """Send ``code`` to ``workers`` without waiting; :meth:`wait` for them before any other command."""
         self.check_open()
@@ -278,6 +304,7 @@ class WorkerPool:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
         self.send(code | NOTIFY, workers)
 
+    @closed_is_one_error
     def wait_any(self, n: int, in_flight, code: int) -> list[int]:
         """Wait until ``n`` of the workers in ``in_flight`` (sent ``code`` with :meth:`start`) finished; return
         those ``n``, in the order they were found done. Failures raise as in :meth:`wait` (the failed ones
@@ -332,10 +359,12 @@ class WorkerPool:
         first.failures = failures
         raise first
 
+    @closed_is_one_error
     def reply(self, w: int):
         """The data worker ``w`` answered a command with (one it finished, found by :meth:`wait_any`)."""
         return self.conns[w].recv()[1]
 
+    @closed_is_one_error
     def call(self, method: str, args_per_worker: list[tuple], workers=None, wait: bool = True) -> list | None:
         """Run ``method(*args)`` on the call target of each worker in ``workers`` (default: all; ``args_per_worker``
         in the same order); return the results in that order (``wait=False``: send the call and return None; wait
@@ -351,6 +380,7 @@ class WorkerPool:
                 pass
         return self.wait(workers, CALL) if wait else None
 
+    @closed_is_one_error
     def wait(self, workers, code: int, waits=None) -> list | None:
         """Wait until every worker in ``workers`` finished; then raise the first failure, with all of them
         in its ``failures`` attribute (``{worker: exception}``). A worker that died or timed out (it is
@@ -397,6 +427,7 @@ class WorkerPool:
             self._raise_failures(failures)
         return [answers.get(w) for w in workers] if answers else None
 
+    @closed_is_one_error
     def wait_for(self, workers, code: int, timeout: float | None) -> list | None:
         """:meth:`wait` for at most ``timeout`` s (None: no limit): then ``multiprocessing.TimeoutError``, the command
         goes on, and a later call resumes the wait (the workers found done are kept in ``_found_done``)."""
@@ -445,7 +476,9 @@ class WorkerPool:
     # ----------------------------------------------------------------- closing
     def check_open(self) -> None:
         if self.closed:
-            raise RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
+            closed = RuntimeError(f"this {self.owner} is closed; its workers were stopped.")
+            closed.closed_error = True  # (already the one "closed" error: see closed_is_one_error)
+            raise closed
 
     def stop(self) -> None:
         """Ask every live worker to close, wait up to ``shutdown_timeout`` s, then kill what is left, and release

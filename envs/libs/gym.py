@@ -244,6 +244,18 @@ def autoreset_of(env: gym.Env):
     return autoreset if callable(autoreset) else env.reset
 
 
+def write_outcome(reward_rows: np.ndarray, flags: list, i: int, reward, terminated, truncated) -> bool:
+    """Write env ``i``'s reward and done flags (``flags``: the ``done``, ``terminated``, ``truncated`` rows, in
+    ``DONE_KEYS`` order) into its ``[1]`` rows; returns whether its episode ended."""
+    done_flag, terminated_flag, truncated_flag = flags
+    reward_rows[i, 0] = reward
+    terminated_flag[i, 0] = terminated
+    truncated_flag[i, 0] = truncated
+    done = terminated or truncated
+    done_flag[i, 0] = done
+    return done
+
+
 class GymStepper:
     """A ``gymnasium.Env``: numpy results are written into numpy views of the buffers, one env at a time."""
 
@@ -285,12 +297,7 @@ class GymStepper:
                 check_scalars(reward=reward, terminated=terminated, truncated=truncated)
         except (Mismatch, BadValue) as bad:
             raise self._error(bad, "step()") from None
-        done_flag, terminated_flag, truncated_flag = self._flags
-        self._reward[i, 0] = reward
-        terminated_flag[i, 0] = terminated
-        truncated_flag[i, 0] = truncated
-        done = terminated or truncated
-        done_flag[i, 0] = done
+        done = write_outcome(self._reward, self._flags, i, reward, terminated, truncated)
         if done:
             obs, _ = self.autoreset()
             try:

@@ -52,6 +52,7 @@ from .gym import (
     leaf_writer,
     shape_error,
     skip_frames,
+    write_outcome,
 )
 
 NATIVE = "native: the gymnasium env stepped by tdcollect, TorchRL's GymEnv data"
@@ -192,12 +193,7 @@ class GymEnvStepper:
                 check_scalars(reward=reward, terminated=terminated, truncated=truncated)
             except (Mismatch, BadValue) as bad:
                 raise self._error(bad, "step()") from None
-        done_flag, terminated_flag, truncated_flag = self._flags
-        self._reward[i, 0] = reward
-        terminated_flag[i, 0] = terminated
-        truncated_flag[i, 0] = truncated
-        done = terminated or truncated
-        done_flag[i, 0] = done
+        done = write_outcome(self._reward, self._flags, i, reward, terminated, truncated)
         if done:
             obs, _ = self.autoreset()
         self._write_observation(obs, self._root, "reset()" if done else "step()")
