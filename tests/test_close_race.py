@@ -3,7 +3,7 @@ finishes or raises the face's one "closed" error (a ``RuntimeError`` saying "clo
 ``ClosedEnvironmentError`` on ``ParallelVectorEnv``), never an error from our internals (an ``AttributeError`` on a
 dropped connection, a bad file descriptor), never a hang; nothing is left behind.
 
-``ROUNDS`` rounds per face in the default run; the slow tier (``-m slow``) runs ``SLOW_ROUNDS``."""
+``ROUNDS`` rounds per face in the default run; the long tier (``-m long``) runs ``SLOW_ROUNDS``."""
 from __future__ import annotations
 
 import functools
@@ -96,7 +96,7 @@ def test_close_from_another_thread_at_any_moment_is_the_closed_error(face, no_le
         one_round(face, seed)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("face", FACES)
 def test_close_race_many_rounds(face, no_leaks):

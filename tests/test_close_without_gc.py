@@ -1,6 +1,6 @@
 """close() lets go of memory and files at once, without Python's garbage collector: on every face, 200 create / use /
-close cycles (Ray: 10, its actors take seconds to start; the faces that also kill and replace a worker in every
-cycle: 50) in a process that runs with the collector disabled leave its
+close cycles in the long tier, 30 in the default run (Ray: 10 / 3, its actors take seconds to start; the faces that
+also kill and replace a worker in every cycle: 50 / 8) in a process that runs with the collector disabled leave its
 open files, its mapped shared memory and its child processes where they were after a few warm-up cycles (see
 ``tests/cycles.py``). An env dropped without close() lets go of the same things (its last reference goes: no
 reference cycle holds it)."""
@@ -17,9 +17,8 @@ import pytest
 from tests.cycles import FACES
 
 ROOT = Path(__file__).resolve().parent.parent
-CYCLES = int(os.environ.get("TDCOLLECT_CLOSE_CYCLES", "200"))
-RAY_CYCLES = 10
-RESTART_CYCLES = 50  # a worker killed and replaced in every cycle: ~1 s each
+#: (cycles, Ray's cycles, cycles of the faces that kill and replace a worker each cycle: ~1 s each), per tier
+CYCLES = {"short": (30, 3, 8), "long": (int(os.environ.get("TDCOLLECT_CLOSE_CYCLES", "200")), 10, 50)}
 FILES_SLACK = 3
 SHARED_SLACK = 4 * 2**20
 
@@ -31,14 +30,16 @@ def cycled(face: str, cycles: int, timeout: float) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(960)
+@pytest.mark.parametrize("tier", ["short", pytest.param("long", marks=pytest.mark.long)])
 @pytest.mark.parametrize("face", [pytest.param(face, marks=pytest.mark.ray) if face == "ray" else face
                                   for face in FACES])
-def test_create_use_close_cycles_hold_nothing_without_the_garbage_collector(face, no_leaks):
+def test_create_use_close_cycles_hold_nothing_without_the_garbage_collector(face, tier, no_leaks):
+    """``short``: 30 cycles (the default run); ``long``: 200 (``-m long``, run by CI)."""
     if face == "ray":
         pytest.importorskip("ray")
-    cycles = RAY_CYCLES if face == "ray" else RESTART_CYCLES if face.endswith("-restart") else CYCLES
+    plain, ray, restart = CYCLES[tier]
+    cycles = ray if face == "ray" else restart if face.endswith("-restart") else plain
     out = cycled(face, cycles, timeout=900)
     before, after = out["before"], out["after"]
     assert after["files"] - before["files"] <= FILES_SLACK, f"{face}: open files grew: {before} -> {after}"

@@ -183,3 +183,11 @@ def test_past_max_live_storages_rollouts_go_step_by_step(monkeypatch, no_leaks):
         assert worker_rollout.live_storages() <= worker_rollout.MAX_LIVE
         assert all((a == b).all() for a, b in zip(ours, theirs))
         assert not any(out.get("observation").is_shared() for out in ours)
+
+
+@pytest.mark.parametrize("break_when_any_done", [False, True])
+def test_a_rollout_says_it_is_on_the_cpu_as_torchrls(break_when_any_done, no_leaks):
+    """The workers' recorded rollout and the step-by-step one carry ``device=cpu``, as a ``SerialEnv``'s and
+    TorchRL's rollouts of a CPU env do (a GPU check found ``None``)."""
+    with ParallelEnv(2, CountingEnv, envs_per_worker=2) as env:
+        assert env.rollout(5, break_when_any_done=break_when_any_done).device == torch.device("cpu")

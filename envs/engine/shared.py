@@ -263,9 +263,10 @@ class MappedTensors:
                        for _, dtype, shape, offset in layout]
 
     def tensordict(self) -> TensorDict:
-        out = TensorDict(batch_size=self.batch_size)
+        """The tensors as a TensorDict on the CPU (where they are: a rollout of a CPU env says so, as TorchRL's)."""
+        out = TensorDict(batch_size=self.batch_size, device="cpu")
         for key, batch_size in self.nested:
-            out.set(key, TensorDict(batch_size=batch_size))
+            out.set(key, TensorDict(batch_size=batch_size, device="cpu"))
         for (key, *_), array in zip(self.layout, self.arrays):
             out.set(key, torch.from_numpy(array))
         return out
