@@ -78,8 +78,8 @@ def run(env, steps: int = 50):
     ``VecNorm`` in this process, which updates its statistics with every row at every reset, would see an ended
     env's last frame when its transforms run here and its reset frame when they ran in its worker; see the
     docs.)"""
-    env.set_seed(7)
-    torch.manual_seed(7)
+    env.set_seed(3)  # (a seed whose rollout has the episode ends the test asks for: the workers' RNG takes it too)
+    torch.manual_seed(3)
     first = env.rollout(steps, break_when_any_done=False)
     state = env.maybe_reset(step_mdp(first[:, -1]))
     partial = state.clone()
@@ -98,8 +98,7 @@ def assert_same(a, b):
 
 @pytest.mark.timeout(300)
 def test_the_ppo_atari_transforms_give_the_same_data_in_the_workers():
-    torch.manual_seed(0)  # the workers' torch RNG (NoopResetEnv's draws) starts from this process's, at their fork
-    main_side = pipeline()
+    main_side = pipeline()  # (the workers' torch RNG, which NoopResetEnv draws from, is seeded by set_seed)
     moved = move_transforms_to_workers(pipeline())
     try:
         assert main_side.base_env.is_closed is False

@@ -256,7 +256,26 @@ def write_outcome(reward_rows: np.ndarray, flags: list, i: int, reward, terminat
     return done
 
 
-class GymStepper:
+class GymRow:
+    """One gymnasium env's row of the buffers, for its stepper: numpy views of the root, "next", action, reward and
+    done rows (:meth:`bind`), and the ``ValueError`` naming the env for a value refused there (:meth:`_error`)."""
+
+    def bind(self, views: BufferViews, index: int) -> None:
+        self._i = index
+        self._env_index = views.first_index + index
+        self._root = views.root_np
+        self._next = views.next_np
+        self._action = views.action_np["action"]
+        self._reward = views.next_np["reward"]
+        self._flags = [views.next_np[key] for key in DONE_KEYS]
+
+    def _error(self, bad: Mismatch | BadValue, call: str) -> ValueError:
+        if isinstance(bad, BadValue):
+            return value_error(self._env_index, call, bad.key, bad, gym_value_hint(bad.key))
+        return shape_error(self._env_index, call, bad.key, bad.expected, bad.received)
+
+
+class GymStepper(GymRow):
     """A ``gymnasium.Env``: numpy results are written into numpy views of the buffers, one env at a time."""
 
     def __init__(self, env: gym.Env):
@@ -271,15 +290,6 @@ class GymStepper:
         self._write_obs_unchecked = observation_writer(env.observation_space, check=False)
         self._read_action = action_reader(env.action_space)
         self.autoreset = autoreset_of(env)
-
-    def bind(self, views: BufferViews, index: int) -> None:
-        self._i = index
-        self._env_index = views.first_index + index
-        self._root = views.root_np
-        self._next = views.next_np
-        self._action = views.action_np["action"]
-        self._reward = views.next_np["reward"]
-        self._flags = [views.next_np[key] for key in DONE_KEYS]
 
     def reset(self, seed: int | None = None) -> None:
         obs, _ = self.env.reset(seed=seed)
@@ -306,11 +316,6 @@ class GymStepper:
                 raise self._error(bad, "reset()") from None
         else:
             self._write_obs_unchecked(obs, self._root, i)  # checked above
-
-    def _error(self, bad: Mismatch | BadValue, call: str) -> ValueError:
-        if isinstance(bad, BadValue):
-            return value_error(self._env_index, call, bad.key, bad, gym_value_hint(bad.key))
-        return shape_error(self._env_index, call, bad.key, bad.expected, bad.received)
 
     def close(self) -> None:
         self.env.close()

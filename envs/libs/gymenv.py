@@ -41,16 +41,15 @@ from torchrl.envs.libs.gym import GymEnv, GymWrapper
 from ..engine.shared import BufferViews
 from ..engine.specs import DONE_KEYS
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
-from ..engine.values import BadValue, value_error
+from ..engine.values import BadValue
 from .envbase import TORCHRL_STEP, specs_of
 from .gym import (
     SCALARS,
     GymBlockStepper,
+    GymRow,
     Mismatch,
     check_scalars,
-    gym_value_hint,
     leaf_writer,
-    shape_error,
     skip_frames,
     write_outcome,
 )
@@ -134,7 +133,7 @@ def _torch_dtype(dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
-class GymEnvStepper:
+class GymEnvStepper(GymRow):
     """A TorchRL ``GymEnv`` / ``GymWrapper`` on the native road (see the module docstring): its gymnasium env is
     stepped here and TorchRL's data written into the env's rows of the buffers, checked as the gymnasium family
     checks every value. ``env`` is the TorchRL env (forwarded attributes reach it); ``gym_env`` the gymnasium env
@@ -159,15 +158,6 @@ class GymEnvStepper:
         """The key of the env's one observation (a ``Box`` space), None for a ``Dict`` space."""
         name, key, _ = self.observation_entries[0]
         return key if name is None else None
-
-    def bind(self, views: BufferViews, index: int) -> None:
-        self._i = index
-        self._env_index = views.first_index + index
-        self._root = views.root_np
-        self._next = views.next_np
-        self._action = views.action_np["action"]
-        self._reward = views.next_np["reward"]
-        self._flags = [views.next_np[key] for key in DONE_KEYS]
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the env now, with TorchRL's own ``set_seed`` (it resets the gymnasium env with the seed); returns
@@ -204,11 +194,6 @@ class GymEnvStepper:
                 write(obs if name is None else obs[name], tree[key], self._i)
         except (Mismatch, BadValue) as bad:
             raise self._error(bad, call) from None
-
-    def _error(self, bad: Mismatch | BadValue, call: str) -> ValueError:
-        if isinstance(bad, BadValue):
-            return value_error(self._env_index, call, bad.key, bad, gym_value_hint(bad.key))
-        return shape_error(self._env_index, call, bad.key, bad.expected, bad.received)
 
     def close(self) -> None:
         self.env.close(raise_if_closed=False)
