@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,8 +33,7 @@ def load_utils(rl: Path):
     """TorchRL's ``sac/utils.py``, as shipped."""
     path = rl / "sota-implementations" / "sac" / "utils.py"
     spec = importlib.util.spec_from_file_location("sac_utils", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sac_utils"] = module  # (its env_maker travels to spawned workers by reference)
+    module = importlib.util.module_from_spec(spec)  # (not in sys.modules: its functions travel to workers by value)
     spec.loader.exec_module(module)
     return module
 
@@ -74,7 +72,7 @@ def build(system: str, utils):
             train, evaluation = utils.make_environment(config())
         finally:
             utils.ParallelEnv = torchrl_parallel
-    evaluation.close()
+    evaluation.close(raise_if_closed=False)  # (TorchRL's starts lazily: never started, it is closed already)
     if system.endswith("_workers"):
         from tdcollect.envs import move_transforms_to_workers
 
