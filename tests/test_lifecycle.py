@@ -53,18 +53,15 @@ UNCLOSED_COLLECTOR = textwrap.dedent("""
 def test_a_script_that_never_shuts_its_collector_down_exits(case, method, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(UNCLOSED_COLLECTOR)
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, str(script), case, method], capture_output=True, text=True, timeout=90,
                           cwd=os.getcwd())
-    took = time.monotonic() - start
     pids = [int(p) for p in next(line for line in proc.stdout.splitlines() if line.startswith("PIDS")).split()[1:]]
     if case == "normal":
         assert proc.returncode == 0 and "END" in proc.stdout, proc.stderr[-2000:]
     else:
         assert proc.returncode != 0 and "END" not in proc.stdout
         assert ("the loss exploded" if case == "exception" else "KeyboardInterrupt") in proc.stderr
-    assert not wait_gone(pids), "workers outlived the script"
-    assert took < 60
+    assert not wait_gone(pids), "workers outlived the script"  # (a hang is subprocess.run's TimeoutExpired)
 
 
 #: How long to wait for something that must *not* happen (workers killed when the thread that made them ends):
