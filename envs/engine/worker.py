@@ -65,7 +65,7 @@ class Recording:
         root = buffers["root"]
         next_ = buffers["next"]
         block = self.group.block
-        if block is not None and block.observation_key in storage.keys():  # the block's one observation key
+        if block is not None:  # (its one observation key is written into the columns by the block itself)
             obs_key = block.observation_key
             columns = (storage.get(("next", obs_key)).numpy(), storage.get(obs_key).numpy())
             root, next_ = root.exclude(obs_key), next_.exclude(obs_key)

@@ -244,21 +244,27 @@ def autoreset_of(env: gym.Env):
     return autoreset if callable(autoreset) else env.reset
 
 
-def write_outcome(reward_rows: np.ndarray, flags: list, i: int, reward, terminated, truncated) -> bool:
-    """Write env ``i``'s reward and done flags (``flags``: the ``done``, ``terminated``, ``truncated`` rows, in
-    ``DONE_KEYS`` order) into its ``[1]`` rows; returns whether its episode ended."""
-    done_flag, terminated_flag, truncated_flag = flags
-    reward_rows[i, 0] = reward
-    terminated_flag[i, 0] = terminated
-    truncated_flag[i, 0] = truncated
-    done = terminated or truncated
-    done_flag[i, 0] = done
-    return done
-
-
 class GymRow:
     """One gymnasium env's row of the buffers, for its stepper: numpy views of the root, "next", action, reward and
-    done rows (:meth:`bind`), and the ``ValueError`` naming the env for a value refused there (:meth:`_error`)."""
+    done rows (:meth:`bind`), the step's reward and done flags checked and written (:meth:`_write_outcome`), and the
+    ``ValueError`` naming the env for a value refused there (:meth:`_error`)."""
+
+    def _write_outcome(self, reward, terminated, truncated) -> bool:
+        """Check (values of an unusual type only) and write the env's reward and done flags into its ``[1]`` rows;
+        returns whether its episode ended."""
+        if type(reward) not in SCALARS or type(terminated) not in SCALARS or type(truncated) not in SCALARS:
+            try:
+                check_scalars(reward=reward, terminated=terminated, truncated=truncated)
+            except (Mismatch, BadValue) as bad:
+                raise self._error(bad, "step()") from None
+        i = self._i
+        done_flag, terminated_flag, truncated_flag = self._flags
+        self._reward[i, 0] = reward
+        terminated_flag[i, 0] = terminated
+        truncated_flag[i, 0] = truncated
+        done = terminated or truncated
+        done_flag[i, 0] = done
+        return done
 
     def bind(self, views: BufferViews, index: int) -> None:
         self._i = index
@@ -303,11 +309,9 @@ class GymStepper(GymRow):
         obs, reward, terminated, truncated, _ = self.env.step(self._read_action(self._action, i))
         try:
             self._write_obs(obs, self._next, i)
-            if type(reward) not in SCALARS or type(terminated) not in SCALARS or type(truncated) not in SCALARS:
-                check_scalars(reward=reward, terminated=terminated, truncated=truncated)
         except (Mismatch, BadValue) as bad:
             raise self._error(bad, "step()") from None
-        done = write_outcome(self._reward, self._flags, i, reward, terminated, truncated)
+        done = self._write_outcome(reward, terminated, truncated)
         if done:
             obs, _ = self.autoreset()
             try:

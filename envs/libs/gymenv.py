@@ -44,14 +44,11 @@ from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue
 from .envbase import TORCHRL_STEP, specs_of
 from .gym import (
-    SCALARS,
     GymBlockStepper,
     GymRow,
     Mismatch,
-    check_scalars,
     leaf_writer,
     skip_frames,
-    write_outcome,
 )
 
 NATIVE = "native: the gymnasium env stepped by tdcollect, TorchRL's GymEnv data"
@@ -178,12 +175,7 @@ class GymEnvStepper(GymRow):
         else:
             obs, reward, terminated, truncated = skip_frames(self.gym_env, action, self.frame_skip)
         self._write_observation(obs, self._next, "step()")
-        if type(reward) not in SCALARS or type(terminated) not in SCALARS or type(truncated) not in SCALARS:
-            try:
-                check_scalars(reward=reward, terminated=terminated, truncated=truncated)
-            except (Mismatch, BadValue) as bad:
-                raise self._error(bad, "step()") from None
-        done = write_outcome(self._reward, self._flags, i, reward, terminated, truncated)
+        done = self._write_outcome(reward, terminated, truncated)
         if done:
             obs, _ = self.autoreset()
         self._write_observation(obs, self._root, "reset()" if done else "step()")
