@@ -53,14 +53,17 @@ class CallState:
     """What :func:`one_thread` keeps of the call in flight: how deep it is (guarded methods call each other), how
     many ``close()`` calls came from other threads during calls (``closes``), and how many there were when the
     call in flight began (``entry``): when they differ, the env was closed under the call, which then ends with the
-    one "closed" error."""
+    one "closed" error. ``closing``: a ``close()`` is under way (one that found no call in flight holds the env
+    until it is done); a call from another thread meanwhile waits for the env and ends with the "closed" error (it
+    would otherwise start the env again under the shutdown)."""
 
-    __slots__ = ("depth", "closes", "entry")
+    __slots__ = ("depth", "closes", "entry", "closing")
 
     def __init__(self):
         self.depth = 0
         self.closes = 0
         self.entry = 0
+        self.closing = False
 
     @property
     def closed_under(self) -> bool:
@@ -78,6 +81,10 @@ def one_thread(method):
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
         if not self._in_use.acquire(blocking=False):
+            if self._calls.closing:  # a close() is under way in another thread: wait until it lets go, then fail
+                with self._in_use:
+                    pass
+                raise self.closed_under_error(name)
             raise RuntimeError(f"{self.owner}.{name}() was called while another thread is stepping or "
                                "resetting this env; a batched env steps one batch at a time. Give each thread its own "
                                "env, or serialize the calls with a lock.")
@@ -485,13 +492,21 @@ class BatchedEnv(Forwarding, EnvBase):
         """Stop everything this env started; idempotent."""
         if self.__dict__.get("is_closed", True):
             return
-        if self._in_use.acquire(blocking=False):  # (this thread's own call, or none: nothing to tell)
-            self._in_use.release()
-        else:  # another thread is in a call: it ends with the "closed" error, and does not start this env again
+        self._calls.closing = True  # (a call from another thread meanwhile waits, then fails: see one_thread)
+        held = self._in_use.acquire(blocking=False)  # this thread's own call, or none: held while shutting down
+        if not held:  # another thread is in a call: it ends with the "closed" error, and does not start this env again
             self._calls.closes += 1
-        self.is_closed = True
-        self._shutdown()
-        # drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed
+        try:
+            self.is_closed = True
+            self._shutdown()
+            self._forget_buffers()
+        finally:
+            self._calls.closing = False
+            if held:
+                self._in_use.release()
+
+    def _forget_buffers(self) -> None:
+        """Drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed."""
         forget_caches(self._step_buffers)
         self._step_buffers = self._root = self._next = self._next_done = None
         self._copy_root = self._copy_next = self._copy_next_leaves = self._copy_root_leaves = None  # buffer views too
