@@ -1,6 +1,6 @@
 """close() lets go of memory and files at once, without Python's garbage collector: on every face, create / use /
-close cycles (200 in the long tier, 30 in the default run; Ray: 10, in the long tier only, its cluster takes
-minutes to start; the faces that also kill and replace a worker in every cycle: 50 / 8) in a process that runs
+close cycles (200 in the long tier, 10 in the default run; Ray: 10, in the long tier only, its cluster takes
+minutes to start; the faces that also kill and replace a worker in every cycle: 50 / 4) in a process that runs
 with the collector disabled leave its open files, its mapped shared memory and its child processes where they were
 after a few warm-up cycles (see ``tests/cycles.py``). An env dropped without close() lets go of the same things (its
 last reference goes: no reference cycle holds it)."""
@@ -19,7 +19,7 @@ from tests.cycles import FACES
 ROOT = Path(__file__).resolve().parent.parent
 #: (cycles, Ray's cycles, cycles of the faces that kill and replace a worker each cycle: ~1 s each), per tier; Ray's
 #: cluster alone takes minutes to start and settle, so its cycles run in the long tier only
-CYCLES = {"short": (30, 0, 8), "long": (int(os.environ.get("TDCOLLECT_CLOSE_CYCLES", "200")), 10, 50)}
+CYCLES = {"short": (10, 0, 4), "long": (int(os.environ.get("TDCOLLECT_CLOSE_CYCLES", "200")), 10, 50)}
 FILES_SLACK = 3
 SHARED_SLACK = 4 * 2**20
 
@@ -37,7 +37,8 @@ def cycled(face: str, cycles: int, timeout: float) -> dict:
                                     *([pytest.mark.long] if tier == "long" else [])])
     for tier in ("short", "long") for face in FACES if CYCLES[tier][1] or face != "ray"])
 def test_create_use_close_cycles_hold_nothing_without_the_garbage_collector(face, tier, no_leaks):
-    """``short``: 30 cycles (the default run); ``long``: 200 (``-m long``, run by CI)."""
+    """``short``: 10 cycles (the default run: a rollout's frames held per cycle would pass the slack by then);
+    ``long``: 200 (``-m long``, run by CI)."""
     if face == "ray":
         pytest.importorskip("ray")
     plain, ray, restart = CYCLES[tier]

@@ -48,7 +48,7 @@ UNCLOSED_COLLECTOR = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.long)])
 @pytest.mark.parametrize("case", ["normal", "exception", "ctrl-c"])
 def test_a_script_that_never_shuts_its_collector_down_exits(case, method, tmp_path):
     script = tmp_path / "train.py"
@@ -189,7 +189,7 @@ def test_a_collector_after_shutdown_or_a_fatal_error_says_so(no_leaks):
         next(iter(collector))
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.long), "forkserver"])
 def test_close_releases_named_semaphores(method):
     before = our_semaphores()
     env = ParallelEnv(2, CountingEnv, mp_start_method=method)
@@ -281,7 +281,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.long)])
 def test_workers_exit_when_the_main_process_is_killed(method, tmp_path):
     script = tmp_path / "victim.py"
     script.write_text(_ORPHAN_SCRIPT.format(root=os.getcwd(), method=method))
@@ -310,7 +310,7 @@ def _open_fds() -> dict[str, str]:
     return fds
 
 
-@pytest.mark.parametrize("cycles", [30, pytest.param(200, marks=pytest.mark.long)])
+@pytest.mark.parametrize("cycles", [15, pytest.param(200, marks=pytest.mark.long)])
 def test_create_close_cycles_keep_fds_and_shm_flat(cycles, no_leaks, unrelated_shm):
     pids = {os.getpid()}  # this process and every worker it started: the torch_<pid>_... files that are ours
 

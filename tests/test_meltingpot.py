@@ -27,6 +27,8 @@ from torchrl.envs.libs.meltingpot import MeltingpotEnv  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 SUBSTRATES = ["commons_harvest__open", "clean_up", "coins"]
+#: the substrates after the first run in the long tier (``-m long``, run by CI)
+TIERED = [pytest.param(name, marks=pytest.mark.long) if i else name for i, name in enumerate(SUBSTRATES)]
 
 
 def native(name: str):
@@ -46,7 +48,7 @@ def spec_table(env) -> dict:
     return table
 
 
-@pytest.mark.parametrize("name", SUBSTRATES)
+@pytest.mark.parametrize("name", TIERED)
 def test_native_factory_has_torchrl_meltingpot_layout(name, no_leaks):
     reference = MeltingpotEnv(name)
     env = ParallelEnv(2, lambda: native(name))
@@ -125,7 +127,7 @@ def _check_observation(td, timestep):
             assert torch.equal(got, torch.as_tensor(np.asarray(value)).reshape(got.shape)), name
 
 
-@pytest.mark.parametrize("name", SUBSTRATES)
+@pytest.mark.parametrize("name", TIERED)
 @pytest.mark.parametrize("form", ["native", "torchrl"])
 def test_multisync_collector_batches(name, form, no_leaks):
     make = (lambda: native(name)) if form == "native" else (lambda: MeltingpotEnv(name))

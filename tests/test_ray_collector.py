@@ -33,6 +33,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_same_batches_as_multisync(ray_cluster):
     from tdcollect.collectors import RayCollector
 
@@ -62,6 +63,7 @@ def test_same_batches_as_multisync(ray_cluster):
             assert torch.equal(batch[key], reference[key]) and torch.equal(other[key], reference[key]), key
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_weight_updates_reach_every_actor(ray_cluster):
     from tdcollect.collectors import RayCollector
     from tdcollect.envs import SerialEnv
@@ -89,6 +91,7 @@ def test_weight_updates_reach_every_actor(ray_cluster):
         assert collector.weight_versions == [2, 2]
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_killed_actors_are_restarted_and_batches_stay_full(ray_cluster, tmp_path):
     from tdcollect.collectors import RayCollector
 
@@ -120,6 +123,7 @@ def test_killed_actors_are_restarted_and_batches_stay_full(ray_cluster, tmp_path
     assert not wait_gone(pids, within=10.0)
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_actor_dying_past_max_restarts_is_a_clear_error(ray_cluster):
     from tdcollect.collectors import RayCollector
     from tdcollect.collectors.distributed.ray import RayWorkerDiedError
@@ -134,6 +138,7 @@ def test_actor_dying_past_max_restarts_is_a_clear_error(ray_cluster):
     assert collector.actors == [] and collector.worker_pids == []
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_env_errors_name_the_actor_and_shut_down(ray_cluster):
     from tdcollect.collectors import RayCollector
 
@@ -147,6 +152,7 @@ def test_env_errors_name_the_actor_and_shut_down(ray_cluster):
     assert collector.actors == [] and not wait_gone(pids, within=10.0)
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_actors_with_other_specs_are_a_clear_error(ray_cluster):
     from tdcollect.collectors import RayCollector
 
@@ -191,6 +197,7 @@ print("ALIVE", [(p.pid, p.name()) for p in alive])
 """
 
 
+@pytest.mark.long  # (a minute or so of Ray on 2 cores: in the long tier, which CI runs)
 def test_shutdown_stops_the_cluster_it_started():
     script = _OWN_CLUSTER.format(root=ROOT)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)

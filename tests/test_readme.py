@@ -14,6 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+#: pages whose blocks run in the long tier (``-m long``, run by CI): the API pages' examples (each shows one class
+#: that the README and the guides also run) and the Ray guide (a cluster start); the README's, the getting-started
+#: page's and the other guides' blocks run by default
+LONG_TIER = ("docs/api/", "docs/guide/ray.md")
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -36,7 +40,9 @@ def test_the_readme_and_the_docs_have_their_examples():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("where, source", BLOCKS, ids=[where for where, _ in BLOCKS])
+@pytest.mark.parametrize("where, source", [pytest.param(where, source, marks=pytest.mark.long)
+                                           if where.startswith(LONG_TIER) else (where, source)
+                                           for where, source in BLOCKS], ids=[where for where, _ in BLOCKS])
 def test_example_block_runs(where, source, tmp_path, no_leaks):
     script = tmp_path / "example.py"
     script.write_text(source)

@@ -1,7 +1,11 @@
 """Stress (marked slow). Chaos: a worker SIGKILLed every 0.5 s for 8 s, with a budget of 50 restarts; kills land
 anywhere (mid-step, between steps, in a replacement's start-up exchange, during its first reset), and every step
 and every batch must come out full and valid, every kill paid for from the budget. Soaks: many workers for many
-steps, every frame checked, without hang or memory growth."""
+steps, every frame checked, without hang or memory growth.
+
+Each test runs twice: a short version in the default run (a quarter of the kills and frames) and the whole one in
+the long tier (``-m long``, run by CI); see the ``tier`` fixture. Under spawn the kill tests run in the long tier
+only."""
 import gc
 import random
 import threading
@@ -21,24 +25,47 @@ from tests.helpers import CountingEnv, cartpole
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-DURATION_S, PERIOD_S, BUDGET = 8.0, 0.5, 50  # ~16 kills per test (the suite must fit CI's 30 minutes)
+DURATION_S, PERIOD_S, BUDGET = 8.0, 0.5, 50  # ~16 kills per test in the long tier, ~4 in the short one
 #: an episode length no test reaches on any machine (a float32 count stays exact to 2**24 steps): in the kill tests
 #: an episode ends only when its worker is replaced, whatever the machine's speed
 NEVER = 2**62
 
 
+class Tier:
+    """How much of each test runs: ``share`` of the kills' duration (``duration_s``) and of the soaks' frames."""
+
+    def __init__(self, share: float):
+        self.share = share
+        self.duration_s = DURATION_S * share
+
+    def frames(self, whole: int) -> int:
+        """This tier's share of a soak's ``whole`` frames (or steps)."""
+        return int(whole * self.share)
+
+
+#: spawn's replacements take seconds each: the spawn variants of the kill tests run in the long tier only
+SPAWN_LONG_ONLY = pytest.param("spawn", marks=pytest.mark.long)
+
+
+@pytest.fixture(params=[pytest.param(0.25, id="short"), pytest.param(1.0, id="long", marks=pytest.mark.long)])
+def tier(request) -> Tier:
+    """The short version (default run) or the whole test (``-m long``)."""
+    return Tier(request.param)
+
+
 class Killer(threading.Thread):
-    """SIGKILLs one random live worker of ``owner`` every ``PERIOD_S`` for ``DURATION_S`` (or until stopped);
+    """SIGKILLs one random live worker of ``owner`` every ``PERIOD_S`` for ``duration_s`` (or until stopped);
     ``pids``: where to pick (default: ``owner.worker_pids``)."""
 
-    def __init__(self, owner, pids=None):
+    def __init__(self, owner, duration_s: float, pids=None):
         super().__init__(daemon=True)
         self.owner, self.kills, self._stop_event = owner, 0, threading.Event()
+        self.duration_s = duration_s
         self.pids = pids or (lambda: self.owner.worker_pids)
 
     def run(self):
         rng = random.Random(0)
-        deadline = time.monotonic() + DURATION_S
+        deadline = time.monotonic() + self.duration_s
         while not self._stop_event.wait(PERIOD_S) and time.monotonic() < deadline:
             pids = self.pids()
             if pids:
@@ -57,6 +84,10 @@ class Killer(threading.Thread):
         self._stop_event.set()
         self.join()
 
+    def enough_kills(self) -> bool:
+        """Whether the chaos happened: most of the kills the duration allows."""
+        return self.kills >= 0.6 * self.duration_s / PERIOD_S
+
 
 def _check_step(root, step):
     """CountingEnv: obs = [steps so far, action, seed]. A step either counts on from its root, or (its worker
@@ -70,11 +101,11 @@ def _check_step(root, step):
 
 
 # spawn: a replacement takes seconds to start, so many kills land in a start-up exchange; fork: most land mid-step
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_parallel_env_survives_a_kill_every_half_second(method, no_leaks):
+@pytest.mark.parametrize("method", ["fork", SPAWN_LONG_ONLY])
+def test_parallel_env_survives_a_kill_every_half_second(method, tier, no_leaks):
     env = ParallelEnv(4, lambda: CountingEnv(episode_len=NEVER), envs_per_worker=2, max_restarts=BUDGET,
                       mp_start_method=method)
-    killer = Killer(env)
+    killer = Killer(env, tier.duration_s)
     steps = restarted = 0
     with env, warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -88,7 +119,7 @@ def test_parallel_env_survives_a_kill_every_half_second(method, no_leaks):
             step, td = env.step_and_maybe_reset(td)
             restarted += _check_step(root, step)
             steps += 1
-        assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
+        assert killer.enough_kills()
         assert killer.kills - 2 <= sum(env.restarts) <= killer.kills, (env.restarts, killer.kills)
         assert restarted >= 1, "a worker killed mid-step has its envs marked truncated"
     assert steps > 20
@@ -118,26 +149,26 @@ def _collect_under_kills(collector, killer) -> int:
             if last:
                 break
             last = not killer.is_alive()  # one more batch after the last kill
-    assert killer.kills >= 0.6 * DURATION_S / PERIOD_S, "the chaos happened"
+    assert killer.enough_kills(), "the chaos happened"
     return batches
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_collector_survives_a_kill_every_half_second(method, no_leaks):
+@pytest.mark.parametrize("method", ["fork", SPAWN_LONG_ONLY])
+def test_collector_survives_a_kill_every_half_second(method, tier, no_leaks):
     collector = MultiSyncCollector([lambda: CountingEnv(episode_len=25)] * 4, frames_per_batch=80,
                                    max_restarts=BUDGET, mp_start_method=method)
-    killer = Killer(collector)
+    killer = Killer(collector, tier.duration_s)
     with collector:
         assert _collect_under_kills(collector, killer) > 2
         assert killer.kills - 2 <= sum(collector.restarts) <= killer.kills, (collector.restarts, killer.kills)
 
 
-def test_async_env_survives_a_kill_every_half_second(no_leaks):
+def test_async_env_survives_a_kill_every_half_second(tier, no_leaks):
     """First-finished-first-served stepping: each env counts on from its own last observation with the action
     it was sent, or (its worker was replaced) comes back reset, marked truncated, with reward 0."""
     env = AsyncParallelEnv(4, lambda: CountingEnv(episode_len=NEVER), envs_per_worker=2, batch_workers=2,
                            max_restarts=BUDGET)
-    killer = Killer(env)
+    killer = Killer(env, tier.duration_s)
     last: dict[int, tuple] = {}  # env id -> (count it was at, action sent)
     steps = restarted = 0
     with env, warnings.catch_warnings():
@@ -164,20 +195,20 @@ def test_async_env_survives_a_kill_every_half_second(no_leaks):
             env.send(td)
             steps += 1
         env.recv()  # the rest in flight, before close
-        assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
+        assert killer.enough_kills()
         assert killer.kills - 2 <= sum(env.restarts) <= killer.kills, (env.restarts, killer.kills)
         assert restarted >= 1
     assert steps > 20
 
 
 @pytest.mark.parametrize("face", ["vector", "sb3"])
-def test_vector_facades_survive_a_kill_every_half_second(face, no_leaks):
+def test_vector_facades_survive_a_kill_every_half_second(face, tier, no_leaks):
     """gymnasium's (next-step autoreset) and SB3's (same-step) faces: every env counts on by one per step with
     the action it was given, or ends (a replaced worker's envs report truncated) and starts again from 0."""
     fns = [lambda: CountingEnv(episode_len=NEVER)] * 8
     cls = ParallelVectorEnv if face == "vector" else ParallelVecEnv
     env = cls(fns, envs_per_worker=2, max_restarts=BUDGET)
-    killer = Killer(env)
+    killer = Killer(env, tier.duration_s)
     steps = ended = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -206,7 +237,7 @@ def test_vector_facades_survive_a_kill_every_half_second(face, no_leaks):
                 ended += int(done.sum())
                 obs = new
                 steps += 1
-            assert killer.kills >= 0.6 * DURATION_S / PERIOD_S
+            assert killer.enough_kills()
             assert killer.kills - 2 <= sum(env.restarts) <= killer.kills, (env.restarts, killer.kills)
             assert ended >= 1
         finally:
@@ -224,12 +255,12 @@ def _nested_counting():
     return ParallelEnv(2, lambda: CountingEnv(episode_len=25), max_restarts=BUDGET)
 
 
-def test_nested_parallel_env_in_a_collector_survives_kills_at_both_levels(no_leaks):
+def test_nested_parallel_env_in_a_collector_survives_kills_at_both_levels(tier, no_leaks):
     """A MultiSyncCollector whose workers step a ParallelEnv each: kills land on collector workers and on their
     env workers; batches stay full and every step counts on or ends."""
     collector = MultiSyncCollector([_nested_counting] * 2, frames_per_batch=80, max_restarts=BUDGET,
                                    cat_results=0)  # [all envs, T]
-    killer = Killer(collector, _descendants)
+    killer = Killer(collector, tier.duration_s, _descendants)
     with collector:
         assert _collect_under_kills(collector, killer) > 2
 
@@ -241,13 +272,13 @@ def resident_mib(pids) -> float:
     return sum(p.memory_info().rss for p in procs) / 2**20
 
 
-def test_16_workers_200k_steps_without_growth(no_leaks):
+def test_16_workers_200k_steps_without_growth(tier, no_leaks):
     with ParallelEnv(16, cartpole, envs_per_worker=4) as env:  # 64 envs on 2 cores
         env.rollout(50, break_when_any_done=False)
         gc.collect()
         start = resident_mib(env.worker_pids)
         steps = 0
-        while steps < 200_000:
+        while steps < tier.frames(200_000):
             td = env.rollout(500, break_when_any_done=False)
             steps += td.numel()
         del td
@@ -261,8 +292,9 @@ def sixteen_cartpoles():
     return SerialEnv(16, cartpole)
 
 
-def test_collector_1m_frames_without_growth(no_leaks):
-    collector = MultiSyncCollector([sixteen_cartpoles] * 2, None, frames_per_batch=4096, total_frames=1_000_000)
+def test_collector_1m_frames_without_growth(tier, no_leaks):
+    collector = MultiSyncCollector([sixteen_cartpoles] * 2, None, frames_per_batch=4096,
+                                   total_frames=tier.frames(1_000_000))
     with collector:
         frames = 0
         for i, batch in enumerate(collector):
@@ -274,7 +306,7 @@ def test_collector_1m_frames_without_growth(no_leaks):
         gc.collect()
         end = resident_mib(collector.worker_pids)
     print(f"\nMultiSyncCollector soak: {frames} frames, resident memory {start:.0f} MiB -> {end:.0f} MiB")
-    assert frames >= 1_000_000
+    assert frames >= tier.frames(1_000_000)
     assert end - start < 64, f"resident memory grew from {start:.0f} to {end:.0f} MiB"
 
 
@@ -291,12 +323,12 @@ def _check_counts(obs, nxt, action, done) -> None:
     assert (nxt[done, 0] == 50).all()
 
 
-def test_async_env_soak_every_frame_checked(no_leaks):
+def test_async_env_soak_every_frame_checked(tier, no_leaks):
     with AsyncParallelEnv(8, _counting, envs_per_worker=4, batch_workers=4) as env:
         env.async_reset()
         frames, start = 0, None
         last = {}  # env id -> (count acted on, action)
-        for i in range(20_000):
+        for i in range(tier.frames(20_000)):
             td = env.recv()
             ids = td["env_ids"]
             known = torch.tensor([int(j) in last for j in ids.tolist()])
@@ -320,7 +352,7 @@ def test_async_env_soak_every_frame_checked(no_leaks):
 
 
 @pytest.mark.parametrize("face", ["vector", "sb3"])
-def test_vector_facade_soak_every_frame_checked(face, no_leaks):
+def test_vector_facade_soak_every_frame_checked(face, tier, no_leaks):
     import numpy as np
 
     fns = [_counting] * 16
@@ -328,7 +360,7 @@ def test_vector_facade_soak_every_frame_checked(face, no_leaks):
     try:
         obs = env.reset()[0] if face == "vector" else env.reset()
         start = None
-        for i in range(25_000):
+        for i in range(tier.frames(25_000)):
             action = np.random.randint(0, 3, 16)
             out = env.step(action)
             new = out[0]
@@ -346,7 +378,8 @@ def test_vector_facade_soak_every_frame_checked(face, no_leaks):
         end = resident_mib(env.worker_pids)
     finally:
         env.close()
-    print(f"\n{type(env).__name__} soak: {16 * 25_000} steps, resident memory {start:.0f} MiB -> {end:.0f} MiB")
+    print(f"\n{type(env).__name__} soak: {16 * tier.frames(25_000)} steps, resident memory {start:.0f} MiB -> "
+          f"{end:.0f} MiB")
     assert end - start < 64, f"resident memory grew from {start:.0f} to {end:.0f} MiB"
 
 
@@ -354,8 +387,9 @@ def _nested():
     return ParallelEnv(2, _counting, envs_per_worker=8)
 
 
-def test_nested_parallel_env_in_collector_soak_every_frame_checked(no_leaks):
-    collector = MultiSyncCollector([_nested] * 2, None, frames_per_batch=3200, total_frames=1_280_000,
+def test_nested_parallel_env_in_collector_soak_every_frame_checked(tier, no_leaks):
+    collector = MultiSyncCollector([_nested] * 2, None, frames_per_batch=3200,
+                                   total_frames=tier.frames(1_280_000),
                                    cat_results=0)  # [all envs, T]
     with collector:
         frames = 0
@@ -374,7 +408,7 @@ def test_nested_parallel_env_in_collector_soak_every_frame_checked(no_leaks):
         gc.collect()
         end = resident_mib(_all_pids())
     print(f"\nnested MultiSyncCollector soak: {frames} frames, resident memory {start:.0f} MiB -> {end:.0f} MiB")
-    assert frames >= 1_280_000
+    assert frames >= tier.frames(1_280_000)
     assert end - start < 96, f"resident memory grew from {start:.0f} to {end:.0f} MiB"
 
 

@@ -8,7 +8,8 @@ first cell says what changes) run shorter; 03 and 07 train to their targets as t
 kernel must have no child process left (multiprocessing's forkserver and
 resource tracker aside); then the kernel is shut down and ``no_leaks`` checks this process.
 
-Slow (a few minutes in all on 2 cores): skip them locally with ``-m "not slow"``; CI runs them.
+Slow (a few minutes in all on 2 cores): skip them locally with ``-m "not slow"``; 01, 04, 05 and 06 are in the
+long tier (``-m long``), which CI runs too.
 """
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ PPO_NOTEBOOK = "03_ppo_multisync.ipynb"
 REPLAY_NOTEBOOK = "07_offpolicy_replay_buffer.ipynb"
 REPLAY_TARGET_RETURN = 60  # the greedy DQN policy after 16k frames; a random one averages about 22
 PPO_TARGET_RETURN = 450.0
+#: in the long tier (``-m long``, run by CI): the notebooks that time things or run a substrate for show, and the
+#: quick start (its start-method tour starts spawn and forkserver workers: a minute; the README's blocks and
+#: tests/test_start_methods.py run the same roads by default); the native engines and the two that train to a
+#: target run by default
+LONG_TIER = ("01_quick_start.ipynb", "04_tuning_throughput.ipynb", "05_gymnasium_and_sb3.ipynb", "06_meltingpot.ipynb")
 
 
 @pytest.fixture
@@ -82,7 +88,8 @@ def last_result(nb: nbformat.NotebookNode) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.long) if p.name in LONG_TIER else p
+                                  for p in NOTEBOOKS], ids=[p.name for p in NOTEBOOKS])
 def test_tutorial_runs(path: Path, python3_kernel, no_leaks, record_property):
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0]

@@ -217,6 +217,7 @@ def test_restarted_envs_end_their_episode_as_truncated(no_leaks):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # (half a minute: in the long tier, which CI runs)
 @pytest.mark.timeout(900)
 def test_stable_baselines3_vec_env_suite_passes(tmp_path, no_leaks):
     """SB3's own tests/test_vec_envs.py (from the installed version's sdist) with SubprocVecEnv -> ParallelVecEnv."""
