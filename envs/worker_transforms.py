@@ -21,6 +21,7 @@ transforms are refused (:func:`check_worker_transform`); append them in the main
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,9 @@ from torchrl.envs import Compose, Transform, TransformedEnv
 from .engine.errors import ArgumentError, sendable
 from .engine.shared import BufferViews, EnvSpecs
 from .libs.envbase import TorchRLStepper
+from .native_transforms import NativeTransformedGroup, why_not_native
+
+logger = logging.getLogger(__name__)
 
 #: transforms whose state spans the envs of a batch: kept in the main process (their name starts so)
 SPANNING = ("VecNorm",)
@@ -87,13 +91,21 @@ class WorkerTransform:
         check_worker_transform(transform, self.owner)
         return transform
 
-    def __call__(self, group) -> TransformedGroup:
+    def __call__(self, group) -> TransformedGroup | NativeTransformedGroup:
+        """The group the worker steps: :class:`~.native_transforms.NativeTransformedGroup` where every part of the
+        transform has an engine-native version (see ``native_transforms.py``), else :class:`TransformedGroup`."""
         try:
             transform = self.build()
         except BaseException:
             group.close()
             raise
-        return TransformedGroup(group, transform, self.owner)
+        transformed = TransformedGroup(group, transform, self.owner)
+        reason = why_not_native(transform, group.specs, transformed.specs)
+        if reason is not None:
+            logger.debug("%s: worker transform on TorchRL's TransformedEnv: %s", self.owner, reason)
+            return transformed
+        logger.debug("%s: worker transform native", self.owner)
+        return NativeTransformedGroup(group, transformed.env, transformed.specs, transform)
 
 
 def _unbatched(spec):

@@ -1,0 +1,127 @@
+"""The worker transforms with an engine-native version (``envs/native_transforms.py``: ``InitTracker``,
+``StepCounter``, ``DoubleToFloat``, ``RewardSum``, the four of TorchRL's SAC scripts) give TorchRL's own data: a
+``ParallelEnv`` with ``worker_transform`` against TorchRL's ``TransformedEnv(SerialEnv(...))`` of the same
+constructors, same seeds, same actions, key by key, over a ``step_and_maybe_reset`` loop with episode ends and a
+partial reset; the same loop with the transforms on TorchRL's road in the workers; which road a transform takes."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torchrl.envs import Compose, DoubleToFloat, TransformedEnv
+from torchrl.envs import SerialEnv as TorchRLSerialEnv
+from torchrl.envs.transforms import InitTracker, RewardSum, StepCounter
+
+from tdcollect.envs import ParallelEnv
+from tdcollect.envs.engine.group import EnvGroup
+from tdcollect.envs.libs import registered
+from tdcollect.envs.native_transforms import NativeTransformedGroup, why_not_native
+from tdcollect.envs.worker_transforms import TransformedGroup, WorkerTransform
+from tests.test_gymenv_road import actions_for, assert_same, gym_env, run_loop
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class TorchRLRewardSum(RewardSum):
+    """TorchRL's ``RewardSum`` under another name: no native version, so the worker keeps TorchRL's road."""
+
+
+def sac_transforms():
+    """TorchRL's SAC scripts' transforms, in their order."""
+    return Compose(InitTracker(), StepCounter(), DoubleToFloat(), RewardSum())
+
+
+def sac_transforms_torchrl_road():
+    return Compose(InitTracker(), StepCounter(), DoubleToFloat(), TorchRLRewardSum())
+
+
+CASES = {
+    "halfcheetah-float64": functools.partial(gym_env, "HalfCheetah-v4", max_episode_steps=30),
+    "pendulum-float32": functools.partial(gym_env, "Pendulum-v1", max_episode_steps=23),
+}
+
+
+def needs(name: str) -> None:
+    if name.startswith("halfcheetah"):
+        pytest.importorskip("mujoco")
+
+
+@pytest.mark.parametrize("road", ["native", "torchrl"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_worker_transforms_give_torchrls_data(name, road, no_leaks):
+    needs(name)
+    make = CASES[name]
+    theirs_env = TransformedEnv(TorchRLSerialEnv(4, make), sac_transforms())
+    try:
+        actions = actions_for(theirs_env, 100)
+        theirs, theirs_partial = run_loop(theirs_env, actions)
+    finally:
+        theirs_env.close()
+    transforms = sac_transforms if road == "native" else sac_transforms_torchrl_road
+    with ParallelEnv(2, make, envs_per_worker=2, worker_transform=transforms) as env:
+        assert env.full_observation_spec == theirs_env.full_observation_spec.cpu()
+        assert env.full_action_spec == theirs_env.full_action_spec.cpu()
+        assert env.full_reward_spec == theirs_env.full_reward_spec.cpu()
+        ours, ours_partial = run_loop(env, actions)
+    assert theirs["next", "done"].any(), "no episode ended: the loop must cross an episode's end"
+    assert theirs["next", "episode_reward"].abs().sum() > 0 and theirs["next", "step_count"].max() > 5
+    assert_same(ours, theirs, f"{name} ({road}) steps")
+    assert_same(ours_partial, theirs_partial, f"{name} ({road}) partial reset")
+
+
+def group_of(make, transform):
+    """The group a worker of 2 envs of ``make`` would step under ``transform``, built here."""
+    group = EnvGroup([make, make], "ParallelEnv", registered())
+    return WorkerTransform(transform, "ParallelEnv")(group)
+
+
+def test_the_native_road_is_taken_where_it_covers_the_transforms():
+    make = CASES["pendulum-float32"]
+    for transform, native in [(sac_transforms(), True), (Compose(StepCounter(), RewardSum()), True),
+                              (sac_transforms_torchrl_road(), False), (StepCounter(max_steps=10), False)]:
+        group = group_of(make, transform)
+        try:
+            assert isinstance(group, NativeTransformedGroup if native else TransformedGroup), transform
+        finally:
+            group.close()
+
+
+@pytest.mark.parametrize("transform, reason", [
+    (lambda: StepCounter(max_steps=5), "ends episodes"),
+    (lambda: InitTracker(init_key="first"), "init_key"),
+    (lambda: Compose(InitTracker(), TorchRLRewardSum()), "TorchRLRewardSum has no native version"),
+    (lambda: RewardSum(in_keys=["reward"], out_keys=["ret"]), "RewardSum with other keys"),
+])
+def test_why_not_native_names_the_reason(transform, reason):
+    make = CASES["pendulum-float32"]
+    transform = transform()
+    group = EnvGroup([make], "ParallelEnv", registered())
+    transformed = TransformedGroup(group, transform, "ParallelEnv")
+    try:
+        found = why_not_native(transform, group.specs, transformed.specs)
+    finally:
+        transformed.close()
+    assert found is not None and reason in found, found
+
+
+def test_a_native_worker_transform_steps_in_a_collector(no_leaks):
+    """A collector's workers (one-env ParallelEnvs of its constructors) with the transforms moved into them."""
+    from tdcollect.collectors import MultiSyncCollector
+
+    make = CASES["pendulum-float32"]
+
+    def make_env():
+        return ParallelEnv(1, make, envs_per_worker=2, worker_transform=sac_transforms)
+
+    collector = MultiSyncCollector([make_env, make_env], None, frames_per_batch=80, total_frames=160)
+    try:
+        batches = list(collector)
+    finally:
+        collector.shutdown()
+    batch = batches[-1]
+    assert batch["next", "step_count"].max() > 10
+    count, nxt = batch["step_count"], batch["next", "step_count"]
+    assert torch.equal(nxt, count + 1)
+    ended = batch["next", "done"]
+    assert ended.any() and (batch["next", "episode_reward"] != 0).all()
