@@ -53,17 +53,23 @@ class CallState:
     """What :func:`one_thread` keeps of the call in flight: how deep it is (guarded methods call each other), how
     many ``close()`` calls came from other threads during calls (``closes``), and how many there were when the
     call in flight began (``entry``): when they differ, the env was closed under the call, which then ends with the
-    one "closed" error. ``closing``: a ``close()`` is under way (one that found no call in flight holds the env
-    until it is done); a call from another thread meanwhile waits for the env and ends with the "closed" error (it
-    would otherwise start the env again under the shutdown)."""
+    one "closed" error. ``closer``: the thread of a ``close()`` under way, or None; a call that another thread
+    begins meanwhile (before or after the call that close() found in flight lets go of the env) waits for the close
+    to end and ends with the "closed" error: it would otherwise start the env again, or step it, under the
+    shutdown."""
 
-    __slots__ = ("depth", "closes", "entry", "closing")
+    __slots__ = ("depth", "closes", "entry", "closer")
 
     def __init__(self):
         self.depth = 0
         self.closes = 0
         self.entry = 0
-        self.closing = False
+        self.closer = None
+
+    def closing_elsewhere(self) -> bool:
+        """Whether a ``close()`` is under way in another thread than this one."""
+        closer = self.closer
+        return closer is not None and closer != threading.get_ident()
 
     @property
     def closed_under(self) -> bool:
@@ -80,17 +86,20 @@ def one_thread(method):
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
+        calls = self._calls
         if not self._in_use.acquire(blocking=False):
-            if self._calls.closing:  # a close() is under way in another thread: wait until it lets go, then fail
-                with self._in_use:
-                    pass
+            if calls.closing_elsewhere():
+                self._wait_for_close()
                 raise self.closed_under_error(name)
             raise RuntimeError(f"{self.owner}.{name}() was called while another thread is stepping or "
                                "resetting this env; a batched env steps one batch at a time. Give each thread its own "
                                "env, or serialize the calls with a lock.")
-        calls = self._calls
         if not calls.depth:
             calls.entry = calls.closes
+            if calls.closing_elsewhere():  # (read after ``entry``: a close() that begins later counts in ``closes``)
+                self._in_use.release()
+                self._wait_for_close()
+                raise self.closed_under_error(name)
         calls.depth += 1
         try:
             return method(self, *args, **kwargs)
@@ -133,6 +142,7 @@ class BatchedEnv(Forwarding, EnvBase):
     def __init__(self, specs: EnvSpecs, num_envs: int, buffers: TensorDictBase, check_actions: bool | str = True,
                  owner: str | None = None, device: torch.device | None = None):
         self._in_use = threading.RLock()
+        self._closing = threading.RLock()  # held by close() from beginning to end (see _wait_for_close)
         self._calls = CallState()
         super().__init__(batch_size=torch.Size([num_envs, *specs.batch_shape]), device=torch.device("cpu"))
         self.owner = owner or type(self).__name__  # who this env is to the user, in error messages
@@ -492,18 +502,27 @@ class BatchedEnv(Forwarding, EnvBase):
         """Stop everything this env started; idempotent."""
         if self.__dict__.get("is_closed", True):
             return
-        self._calls.closing = True  # (a call from another thread meanwhile waits, then fails: see one_thread)
-        held = self._in_use.acquire(blocking=False)  # this thread's own call, or none: held while shutting down
-        if not held:  # another thread is in a call: it ends with the "closed" error, and does not start this env again
-            self._calls.closes += 1
-        try:
-            self.is_closed = True
-            self._shutdown()
-            self._forget_buffers()
-        finally:
-            self._calls.closing = False
-            if held:
-                self._in_use.release()
+        with self._closing:
+            if self.is_closed:  # (closed by another thread's close() while this one waited for it)
+                return
+            calls = self._calls
+            calls.closer = threading.get_ident()  # (a call from another thread meanwhile waits, then fails)
+            held = self._in_use.acquire(blocking=False)  # this thread's own call, or none: held while shutting down
+            if not held:  # another thread is in a call: it ends with the "closed" error, and never starts this env
+                calls.closes += 1
+            try:
+                self.is_closed = True
+                self._shutdown()
+                self._forget_buffers()
+            finally:
+                calls.closer = None
+                if held:
+                    self._in_use.release()
+
+    def _wait_for_close(self) -> None:
+        """Wait until the ``close()`` under way in another thread has ended."""
+        with self._closing:
+            pass
 
     def _forget_buffers(self) -> None:
         """Drop every view of the buffers so their memory (and, when shared, its file descriptor) is freed."""
