@@ -10,13 +10,15 @@ data, value for value (``tests/test_native_transforms.py`` compares both roads):
 
 * ``InitTracker()``: ``"is_init"``, True in the root after a reset (on a partial reset: the reset envs' flags), False
   in ``"next"`` and in a root carried on from a step.
-* ``StepCounter()`` without ``max_steps``: ``"step_count"`` (int64), 0 after a reset, one more in each ``"next"``.
+* ``StepCounter(max_steps=None, update_done=True)``: ``"step_count"`` (int64), 0 after a reset, one more in each
+  ``"next"``; with ``max_steps``, an env whose count reaches it is truncated (``"truncated"``, and ``"done"`` with
+  ``update_done``) and reset in the worker, as TorchRL's ``step_and_maybe_reset`` resets it.
 * ``RewardSum()``: ``"episode_reward"``, 0 after a reset, the root's plus the step's reward in each ``"next"``.
 * ``DoubleToFloat(...)``: each entry whose dtype the transform changes is cast as TorchRL casts it
   (``copy_`` rounds to nearest, as ``Tensor.to``); an action declared float32 reaches a float64 env as ``to`` would.
 
-Anything else (another transform, ``StepCounter(max_steps=...)``, which ends episodes the envs do not, other keys,
-a reward whose dtype the transform changes, nested or several done groups) keeps TorchRL's ``TransformedEnv``
+Anything else (another transform, other keys, two ``StepCounter``, a reward whose dtype the transform changes, nested
+or several done groups) keeps TorchRL's ``TransformedEnv``
 (:func:`why_not_native` says why). As with TorchRL's road in a worker, the transforms' state (step counts, returns)
 is the worker's: a step continues from the root this env returned, not from a root the caller edited.
 """
@@ -47,15 +49,15 @@ def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) 
             if part.init_key != "is_init":
                 return "InitTracker with another init_key"
         elif kind is StepCounter:
-            if part.max_steps is not None:
-                return "StepCounter(max_steps=...) ends episodes the envs do not"
-            if part.step_count_key != "step_count":
-                return "StepCounter with another step_count_key"
+            if part.step_count_key != "step_count" or part.truncated_key != "truncated":
+                return "StepCounter with another step_count_key or truncated_key"
         elif kind is RewardSum:
             if [*part.in_keys] != ["reward"] or [*part.out_keys] != ["episode_reward"]:
                 return "RewardSum with other keys"
         elif kind is not DoubleToFloat:
             return f"{kind.__name__} has no native version"
+    if sum(type(part) is StepCounter for part in _parts(transform)) > 1:
+        return "two StepCounter"
     if set(base.done.keys(True, True)) != DONE_KEYS or set(transformed.done.keys(True, True)) != DONE_KEYS:
         return "done flags other than one done / terminated / truncated group"
     if [*base.reward.keys(True, True)] != ["reward"] or [*transformed.reward.keys(True, True)] != ["reward"]:
@@ -93,6 +95,9 @@ class NativeTransformedGroup:
         self.has_objects = False
         self._k = len(group)
         self._parts = {type(part) for part in _parts(transform)}
+        counter = next((part for part in _parts(transform) if type(part) is StepCounter), None)
+        self._max_steps = None if counter is None else counter.max_steps
+        self._update_done = counter is not None and counter.update_done
         self._base = allocate_buffers(group.specs, self._k, shared=False)
         group.bind(self._base)
         # state carried from root to next: [k, 1] each, as TorchRL's entries
@@ -114,6 +119,7 @@ class NativeTransformedGroup:
         self._action_copies = [(base_action.get(key), self._action.get(key)) for key in base_action.keys(True, True)]
         self._reward = base_next.get("reward")
         self._done = base_next.get("done")
+        self._truncated = base_next.get("truncated")
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         return self.inner.set_seed(seed, static_seed)
@@ -153,11 +159,13 @@ class NativeTransformedGroup:
         for base, shared in self._action_copies:
             base.copy_(shared)
         self.inner.step()
+        ended = self._done
+        if self._max_steps is not None:
+            ended = self._count_out()
         for shared, base in self._next_copies:
             shared.copy_(base)
         for shared, base in self._root_copies:
             shared.copy_(base)
-        ended = self._done
         if InitTracker in self._parts:
             self._next.get("is_init").zero_()
             self._root.get("is_init").copy_(ended)
@@ -172,6 +180,20 @@ class NativeTransformedGroup:
             self._episode_reward.masked_fill_(ended, 0)
             self._root.get("episode_reward").copy_(self._episode_reward)
         return None
+
+    def _count_out(self) -> torch.Tensor:
+        """``StepCounter(max_steps)``: truncate (in the base buffers' ``"next"``) the envs whose count reaches
+        ``max_steps``, reset those that had not ended (their reset state in the base root), and return the done
+        flags ``[k, 1]`` that end episodes, as TorchRL's ``_step`` and ``step_and_maybe_reset`` give them."""
+        reached = self._step_count + 1 >= self._max_steps
+        truncated = reached | self._truncated
+        ended = truncated | self._done if self._update_done else self._done
+        cut = reached & ~self._done
+        self._truncated.copy_(truncated)
+        self._done.copy_(ended)
+        if self._update_done and cut.any():
+            self.inner.reset(cut.numpy())
+        return ended
 
     def objects_of(self, touched) -> None:
         return None

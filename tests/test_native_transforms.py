@@ -27,18 +27,19 @@ class TorchRLRewardSum(RewardSum):
     """TorchRL's ``RewardSum`` under another name: no native version, so the worker keeps TorchRL's road."""
 
 
-def sac_transforms():
-    """TorchRL's SAC scripts' transforms, in their order."""
-    return Compose(InitTracker(), StepCounter(), DoubleToFloat(), RewardSum())
+def sac_transforms(max_steps=None):
+    """TorchRL's SAC scripts' transforms, in their order (the scripts pass ``max_episode_steps`` to
+    ``StepCounter``)."""
+    return Compose(InitTracker(), StepCounter(max_steps), DoubleToFloat(), RewardSum())
 
 
-def sac_transforms_torchrl_road():
-    return Compose(InitTracker(), StepCounter(), DoubleToFloat(), TorchRLRewardSum())
+def sac_transforms_torchrl_road(max_steps=None):
+    return Compose(InitTracker(), StepCounter(max_steps), DoubleToFloat(), TorchRLRewardSum())
 
 
 CASES = {
     "halfcheetah-float64": functools.partial(gym_env, "HalfCheetah-v4", max_episode_steps=30),
-    "pendulum-float32": functools.partial(gym_env, "Pendulum-v1", max_episode_steps=23),
+    "pendulum-float32": functools.partial(gym_env, "Pendulum-v1", max_episode_steps=30),
 }
 
 
@@ -47,18 +48,25 @@ def needs(name: str) -> None:
         pytest.importorskip("mujoco")
 
 
+#: StepCounter's max_steps: none; the env's own limit (both end the episode at the same step); one before it (the
+#: counter truncates, and the worker resets, envs that had not ended)
+MAX_STEPS = {"none": None, "at-the-limit": 30, "before-the-limit": 17}
+
+
+@pytest.mark.parametrize("max_steps", list(MAX_STEPS))
 @pytest.mark.parametrize("road", ["native", "torchrl"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_worker_transforms_give_torchrls_data(name, road, no_leaks):
+def test_worker_transforms_give_torchrls_data(name, road, max_steps, no_leaks):
     needs(name)
     make = CASES[name]
-    theirs_env = TransformedEnv(TorchRLSerialEnv(4, make), sac_transforms())
+    limit = MAX_STEPS[max_steps]
+    theirs_env = TransformedEnv(TorchRLSerialEnv(4, make), sac_transforms(limit))
     try:
         actions = actions_for(theirs_env, 100)
         theirs, theirs_partial = run_loop(theirs_env, actions)
     finally:
         theirs_env.close()
-    transforms = sac_transforms if road == "native" else sac_transforms_torchrl_road
+    transforms = functools.partial(sac_transforms if road == "native" else sac_transforms_torchrl_road, limit)
     with ParallelEnv(2, make, envs_per_worker=2, worker_transform=transforms) as env:
         assert env.full_observation_spec == theirs_env.full_observation_spec.cpu()
         assert env.full_action_spec == theirs_env.full_action_spec.cpu()
@@ -79,7 +87,8 @@ def group_of(make, transform):
 def test_the_native_road_is_taken_where_it_covers_the_transforms():
     make = CASES["pendulum-float32"]
     for transform, native in [(sac_transforms(), True), (Compose(StepCounter(), RewardSum()), True),
-                              (sac_transforms_torchrl_road(), False), (StepCounter(max_steps=10), False)]:
+                              (sac_transforms_torchrl_road(), False), (StepCounter(max_steps=10), True),
+                              (Compose(StepCounter(), StepCounter(step_count_key="steps")), False)]:
         group = group_of(make, transform)
         try:
             assert isinstance(group, NativeTransformedGroup if native else TransformedGroup), transform
@@ -88,7 +97,8 @@ def test_the_native_road_is_taken_where_it_covers_the_transforms():
 
 
 @pytest.mark.parametrize("transform, reason", [
-    (lambda: StepCounter(max_steps=5), "ends episodes"),
+    (lambda: StepCounter(step_count_key="steps"), "step_count_key"),
+    (lambda: Compose(StepCounter(), StepCounter(step_count_key="steps")), "step_count_key"),
     (lambda: InitTracker(init_key="first"), "init_key"),
     (lambda: Compose(InitTracker(), TorchRLRewardSum()), "TorchRLRewardSum has no native version"),
     (lambda: RewardSum(in_keys=["reward"], out_keys=["ret"]), "RewardSum with other keys"),
