@@ -191,7 +191,9 @@ class TransformedGroup:
 def move_transforms_to_workers(env: TransformedEnv) -> TransformedEnv:
     """``TransformedEnv(ParallelEnv(...), T)`` as ``TransformedEnv(ParallelEnv(..., worker_transform=head), tail)``:
     ``head`` is ``T``'s leading transforms up to the first one whose state spans envs (``VecNorm``), ``tail`` the
-    rest (left in this process, in order). The same data; the per-frame work runs in the workers.
+    rest (left in this process, in order). The same data; the per-frame work runs in the workers. When every
+    transform moves, the ``ParallelEnv`` itself is returned (an empty ``TransformedEnv`` would run TorchRL's
+    per-step code here for nothing: ~1 ms a step, serial with the workers).
 
     The ParallelEnv is built again with its own arguments and the old one closed (its workers stop), so call this
     once, before the env is used. Returns the new env; ``env`` itself when no transform can move, or when its
@@ -216,5 +218,7 @@ def move_transforms_to_workers(env: TransformedEnv) -> TransformedEnv:
     if moving == 0:
         return env
     head = Compose(*[part.clone() for part in parts[:moving]])
+    if moving == len(parts):  # nothing stays here: no TransformedEnv, whose per-step code would cost this process
+        return rebuild(base, head)
     tail = Compose(*[part.clone() for part in parts[moving:]])
     return TransformedEnv(rebuild(base, head), tail)

@@ -135,3 +135,25 @@ def test_a_native_worker_transform_steps_in_a_collector(no_leaks):
     assert torch.equal(nxt, count + 1)
     ended = batch["next", "done"]
     assert ended.any() and (batch["next", "episode_reward"] != 0).all()
+
+
+def test_move_transforms_to_workers_returns_the_parallel_env_when_every_transform_moves(no_leaks):
+    """TorchRL's SAC pipeline shape: ``TransformedEnv(ParallelEnv(...), the four)``; all four move (natively), so the
+    ParallelEnv itself comes back, with TorchRL's transformed specs and data."""
+    from tdcollect.envs import move_transforms_to_workers
+
+    make = CASES["pendulum-float32"]
+    theirs_env = TransformedEnv(TorchRLSerialEnv(4, make), sac_transforms(17))
+    try:
+        actions = actions_for(theirs_env, 40)
+        theirs, _ = run_loop(theirs_env, actions)
+    finally:
+        theirs_env.close()
+    moved = move_transforms_to_workers(TransformedEnv(ParallelEnv(2, make, envs_per_worker=2), sac_transforms(17)))
+    try:
+        assert isinstance(moved, ParallelEnv) and moved.worker_transform is not None
+        assert moved.full_observation_spec == theirs_env.full_observation_spec.cpu()
+        ours, _ = run_loop(moved, actions)
+    finally:
+        moved.close()
+    assert_same(ours, theirs, "moved SAC transforms")
