@@ -35,15 +35,17 @@ from .engine.shared import BufferViews, EnvSpecs, allocate_buffers
 DONE_KEYS = {"done", "terminated", "truncated"}
 
 
-def _parts(transform: Transform) -> list[Transform]:
+def transform_parts(transform: Transform) -> list[Transform]:
+    """``transform`` and, for a ``Compose``, its transforms (recursively), in order."""
     if isinstance(transform, Compose):
-        return [part for inner in transform.transforms for part in _parts(inner)]
+        return [part for inner in transform.transforms for part in transform_parts(inner)]
     return [transform]
 
 
 def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) -> str | None:
     """Why ``transform`` (over envs of specs ``base``, giving ``transformed``) cannot run natively; None if it can."""
-    for part in _parts(transform):
+    parts = transform_parts(transform)
+    for part in parts:
         kind = type(part)
         if kind is InitTracker:
             if part.init_key != "is_init":
@@ -56,7 +58,7 @@ def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) 
                 return "RewardSum with other keys"
         elif kind is not DoubleToFloat:
             return f"{kind.__name__} has no native version"
-    if sum(type(part) is StepCounter for part in _parts(transform)) > 1:
+    if sum(type(part) is StepCounter for part in parts) > 1:
         return "two StepCounter"
     if set(base.done.keys(True, True)) != DONE_KEYS or set(transformed.done.keys(True, True)) != DONE_KEYS:
         return "done flags other than one done / terminated / truncated group"
@@ -69,7 +71,7 @@ def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) 
     added = set(transformed.observation.keys(True, True)) - set(base.observation.keys(True, True))
     expected = {name for name, kind in (("is_init", InitTracker), ("step_count", StepCounter),
                                         ("episode_reward", RewardSum))
-                if any(type(part) is kind for part in _parts(transform))}
+                if any(type(part) is kind for part in parts)}
     if added != expected:
         return f"observation entries {sorted(map(str, added))} where {sorted(expected)} were expected"
     if set(transformed.action.keys(True, True)) != set(base.action.keys(True, True)):
@@ -94,8 +96,9 @@ class NativeTransformedGroup:
         self.specs = specs
         self.has_objects = False
         self._k = len(group)
-        self._parts = {type(part) for part in _parts(transform)}
-        counter = next((part for part in _parts(transform) if type(part) is StepCounter), None)
+        parts = transform_parts(transform)
+        self._parts = {type(part) for part in parts}
+        counter = next((part for part in parts if type(part) is StepCounter), None)
         self._max_steps = None if counter is None else counter.max_steps
         self._update_done = counter is not None and counter.update_done
         self._base = allocate_buffers(group.specs, self._k, shared=False)

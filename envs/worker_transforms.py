@@ -33,7 +33,7 @@ from torchrl.envs import Compose, Transform, TransformedEnv
 from .engine.errors import ArgumentError, sendable
 from .engine.shared import BufferViews, EnvSpecs
 from .libs.envbase import TorchRLStepper
-from .native_transforms import NativeTransformedGroup, why_not_native
+from .native_transforms import NativeTransformedGroup, transform_parts, why_not_native
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +41,9 @@ logger = logging.getLogger(__name__)
 SPANNING = ("VecNorm",)
 
 
-def _parts(transform: Transform) -> list[Transform]:
-    """``transform`` and, for a ``Compose``, its transforms (recursively)."""
-    if isinstance(transform, Compose):
-        return [part for inner in transform.transforms for part in _parts(inner)]
-    return [transform]
-
-
 def _spanning(transform: Transform) -> Transform | None:
     """The first transform in ``transform`` (a ``Compose`` looked into) whose state spans envs, or None."""
-    return next((part for part in _parts(transform) if type(part).__name__.startswith(SPANNING)), None)
+    return next((part for part in transform_parts(transform) if type(part).__name__.startswith(SPANNING)), None)
 
 
 def check_worker_transform(transform: Any, owner: str = "ParallelEnv") -> None:
