@@ -1,10 +1,13 @@
 """Which costly env families a constructor refers to (imported once before workers start, see engine/preload.py)."""
 import functools
+import importlib
+import importlib.util
 import subprocess
 import sys
 import textwrap
 
 import gymnasium as gym
+import pytest
 
 from tdcollect.envs.engine import preload
 from tdcollect.envs.engine.preload import import_now
@@ -67,3 +70,31 @@ def test_fork_workers_inherit_the_import(no_leaks):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"  # forked workers only inherit it from there
+
+
+def test_what_tensordict_imports_at_first_use_is_imported_before_the_fork(no_leaks):
+    """tensordict imports pandas and h5py (where installed) the first time it converts a dict, which every TorchRL
+    spec's ``zero()`` reaches: the pool imports them before forking its workers, so no forked worker pays for it."""
+    missing = [module for module in preload.TENSORDICT_FIRST_USE if importlib.util.find_spec(module) is None]
+    if missing:
+        pytest.skip(f"not installed here: {missing}")
+    script = textwrap.dedent("""
+        import sys
+        import gymnasium as gym
+        from tdcollect.envs import ParallelEnv
+        assert "pandas" not in sys.modules and "h5py" not in sys.modules
+        env = ParallelEnv(2, lambda: gym.make("CartPole-v1"), mp_start_method="fork")
+        print("pandas" in sys.modules, "h5py" in sys.modules)
+        env.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_tensordict_first_use_lists_only_what_is_installed_and_not_imported(monkeypatch):
+    monkeypatch.setattr(preload, "TENSORDICT_FIRST_USE", ("json", "no_such_module_anywhere"))
+    monkeypatch.delitem(sys.modules, "json")
+    assert preload.tensordict_first_use() == ["json"]
+    importlib.import_module("json")
+    assert preload.tensordict_first_use() == []

@@ -118,3 +118,27 @@ def test_wide_unsigned_specs_cross_the_start_up_handshake(no_leaks):
         assert env.reset()["observation"].tolist() == [[1, 2], [1, 2]]
         out = env.rollout(2)
         assert out["next", "observation"][:, -1].tolist() == [[6, 8], [6, 8]]
+
+
+def test_buffer_zeros_are_torchrls_zero_without_the_non_tensor_entries():
+    """``shared.zeros`` (the buffers' allocation) gives what TorchRL's ``Composite.zero()`` gives, key by key (dtype,
+    shape, value), each nested TensorDict of its Composite's shape; NonTensor entries have no buffer."""
+    from torchrl.data import NonTensor, OneHot
+
+    from tdcollect.envs.engine.shared import non_tensor_keys, zeros
+
+    spec = Composite(
+        a=Unbounded((3, 2)),
+        b=Composite(c=Categorical(4, (3, 5), dtype=torch.int64), d=OneHot(3, (3, 3)), shape=(3,)),
+        e=NonTensor(shape=(3,)),
+        f=Composite(g=Bounded(0, 1, (3, 4, 2), dtype=torch.float64), shape=(3, 4)),
+        shape=(3,),
+    )
+    torchrls = spec.zero().exclude(*non_tensor_keys(spec))
+    ours = zeros(spec)
+    assert sorted(ours.keys(True, True), key=str) == sorted(torchrls.keys(True, True), key=str)
+    for key in torchrls.keys(True, True):
+        assert ours[key].dtype == torchrls[key].dtype, key
+        assert torch.equal(ours[key], torchrls[key]), key
+    assert ours.batch_size == (3,) and ours["b"].batch_size == (3,) and ours["f"].batch_size == (3, 4)
+    assert "e" not in ours.keys()

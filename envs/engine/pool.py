@@ -26,7 +26,7 @@ import torch.multiprocessing as tmp
 
 from .errors import MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of, worker_error
 from .platform_policy import GUARD_MESSAGE, resolve_spin_s
-from .preload import import_now
+from .preload import import_now, tensordict_first_use
 from .protocol import (
     CALL,
     CLOSE,
@@ -109,6 +109,8 @@ class WorkerPool:
         num_workers = len(args)
         spin_s, self._poll_s = resolve_spin_s(spin_s, num_workers), min(0.25, self.timeout)
         context = tmp.get_context(start_method)
+        if start_method != "spawn":
+            preload = [*preload, *tensordict_first_use()]
         if start_method == "forkserver":
             server_imports = ["tdcollect.envs.engine.pool", "tdcollect.envs.engine.protocol", *sorted(set(preload))]
             context.set_forkserver_preload(server_imports)
