@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import json
+import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,8 +46,11 @@ SCRIPTS = {
 }
 
 
-#: the ways a script runs: as shipped, with our classes, with our classes and the Atari transforms in our workers
-IMPLS = ["ours", "torchrl", "ours_workers"]
+#: the ways a script runs: as shipped, with our classes, with our classes and the Atari transforms in our workers,
+#: and the shipped script under ``tdcollect run`` (its default layout, and the layout the script asks for)
+IMPLS = ["ours", "torchrl", "ours_workers", "run", "run_asked"]
+#: the command line that runs a script file, per way (``python FILE`` unless listed)
+LAUNCH = {"run": ["-m", "tdcollect", "run"], "run_asked": ["-m", "tdcollect", "run", "--layout", "asked"]}
 
 
 def swap_imports(source: str) -> str:
@@ -91,18 +97,43 @@ def prepare(rl: Path, script: str, impl: str, root: Path) -> Path:
     return target
 
 
-def run(target: Path, script: str) -> tuple[float, str]:
+PROBE = Path(__file__).resolve().parent / "sota_probe"
+
+
+def run(target: Path, script: str, impl: str, round_: int) -> dict:
+    """One run of ``script`` the ``impl`` way: ``{"seconds": wall time, "collect_s": time in the collector's
+    next(), "frames": frames it gave, "scalars": {logged name: [values]}}`` (the CSV logger's)."""
     _, file, _, overrides = SCRIPTS[script]
-    env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
+    outputs = target / f"outputs-{round_}"
+    probe = target / f"probe-{round_}"
+    env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1", SOTA_PROBE=str(probe))
+    paths = [str(PROBE)]
     if importlib.util.find_spec("torchvision") is None:
-        env["PYTHONPATH"] = os.pathsep.join([str(STANDINS), env.get("PYTHONPATH", "")])
+        paths.append(str(STANDINS))
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, file, *overrides, f"hydra.run.dir={target / 'outputs'}"], cwd=target,
-                          env=env, capture_output=True, text=True, timeout=1200)
+    process = subprocess.Popen([sys.executable, *LAUNCH.get(impl, []), file, *overrides, "logger.backend=csv",
+                                f"hydra.run.dir={outputs}"], cwd=target, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    _, stderr = process.communicate(timeout=1200)
     seconds = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(f"{target.name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return seconds, done.stderr[-500:]
+    if process.returncode:
+        raise RuntimeError(f"{target.name} failed (exit {process.returncode}):\n{stderr[-3000:]}")
+    collected = json.loads((target / f"probe-{round_}.{process.pid}.json").read_text())
+    scalars = {}
+    for csv in sorted(outputs.rglob("*.csv")):  # the CSV logger's scalars/<group>/<name>.csv
+        scalars[f"{csv.parent.name}/{csv.stem}"] = [float(line.split(",")[-1]) for line in csv.read_text().splitlines() if line.strip()]
+    return {"seconds": seconds, "collect_s": collected["seconds"], "frames": collected["frames"],
+            "scalars": scalars}
+
+
+def sane(scalars: dict) -> str:
+    """``finite`` when every logged loss is finite (else the first that is not), and the training return's first
+    and last logged values."""
+    bad = [name for name, values in scalars.items() if "loss" in name and not all(math.isfinite(v) for v in values)]
+    rewards = scalars.get("train/reward", [])
+    moved = f"{rewards[0]:.1f} -> {rewards[-1]:.1f}" if rewards else "no episode ended"
+    return f"{'finite' if not bad else 'NOT finite: ' + bad[0]}; return {moved}"
 
 
 def main(argv=None) -> int:
@@ -111,26 +142,33 @@ def main(argv=None) -> int:
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=["ours", "torchrl"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rl", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "torchrl-tests")
+    parser.add_argument("--json", type=Path, default=None, help="write every run's numbers there")
     args = parser.parse_args(argv)
-    results: dict[tuple[str, str], list[float]] = {}
+    results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         targets = {(s, i): prepare(args.rl, s, i, Path(tmp)) for s in args.scripts for i in args.impls}
         for r in range(args.rounds):
             for script in args.scripts:
                 for impl in args.impls if r % 2 == 0 else args.impls[::-1]:
-                    seconds, _ = run(targets[script, impl], script)
-                    results.setdefault((script, impl), []).append(seconds)
-                    print(f"round {r + 1} {script:10s} {impl:8s} {seconds:7.1f} s", flush=True)
-    print("\n| script | frames | " + " | ".join(f"{impl}: s (frames/s)" for impl in args.impls) + " |\n|---|---|"
-          + "---|" * len(args.impls))
+                    one = run(targets[script, impl], script, impl, r)
+                    results.setdefault((script, impl), []).append(one)
+                    print(f"round {r + 1} {script:10s} {impl:12s} {one['seconds']:7.1f} s, collection "
+                          f"{one['frames'] / one['collect_s']:8,.0f} frames/s; {sane(one['scalars'])}", flush=True)
+    print("\n| script | " + " | ".join(f"{impl}: wall s / collection frames/s" for impl in args.impls)
+          + " |\n|---|" + "---|" * len(args.impls))
     for script in args.scripts:
-        frames = SCRIPTS[script][2]
         cells = []
         for impl in args.impls:
-            runs = results.get((script, impl))
-            best = min(runs) if runs else None
-            cells.append(f"{best:.1f} ({frames / best:,.0f})" if best else "-")
-        print(f"| {script} | {frames} | " + " | ".join(cells) + " |")
+            runs = results.get((script, impl), [])
+            if not runs:
+                cells.append("-")
+                continue
+            wall = statistics.median(one["seconds"] for one in runs)
+            rate = statistics.median(one["frames"] / one["collect_s"] for one in runs)
+            cells.append(f"{wall:.1f} / {rate:,.0f}")
+        print(f"| {script} | " + " | ".join(cells) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({f"{s}/{i}": runs for (s, i), runs in results.items()}, indent=1))
     return 0
 
 

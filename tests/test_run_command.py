@@ -1,0 +1,245 @@
+"""``tdcollect run SCRIPT``: a TorchRL script run unchanged with tdcollect's batched envs and collectors in place of
+TorchRL's, in the script's process and in the processes it starts (fork and spawn); the script's arguments, hydra
+config and exit status as ``python SCRIPT`` gives them; no worker left behind."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tdcollect import swap
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: a script that reports, for each public TorchRL path, whether the class it gets there is tdcollect's
+CHECK_PATHS = """
+import sys
+
+
+def ours():
+    from torchrl.envs import ParallelEnv, SerialEnv
+    from torchrl.envs.batched_envs import ParallelEnv as BatchedParallelEnv
+    from torchrl.collectors import AsyncCollector, Collector, MultiAsyncCollector, MultiSyncCollector
+    from torchrl.collectors.collectors import Collector as LegacyCollector
+    classes = [ParallelEnv, SerialEnv, BatchedParallelEnv, Collector, MultiSyncCollector, MultiAsyncCollector,
+               AsyncCollector, LegacyCollector]
+    return all(any(base.__module__.startswith("tdcollect.") for base in cls.__mro__) for cls in classes)
+
+
+def child(queue):
+    queue.put(ours())
+
+
+if __name__ == "__main__":
+    import multiprocessing
+
+    context = multiprocessing.get_context(sys.argv[1])
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    in_child = queue.get(timeout=120)
+    process.join(60)
+    print("main", ours(), "child", in_child, "args", sys.argv[2:])
+"""
+
+
+def tdcollect_run(tmp_path: Path, source: str, *args: str, options: tuple = (), name: str = "script.py",
+                  timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python -m tdcollect run [options] SCRIPT args`` for a script of ``source``, in ``tmp_path``."""
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-m", "tdcollect", "run", *options, str(script), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_every_public_path_gives_our_classes_in_the_script_and_its_processes(tmp_path, start_method, no_leaks):
+    run = tdcollect_run(tmp_path, CHECK_PATHS, start_method, "--lr", "3")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["main", "True", "child", "True", "args", "['--lr',", "'3']"]
+    assert "tdcollect's classes in place of torchrl.envs.{ParallelEnv, SerialEnv}" in run.stderr
+
+
+def test_without_the_command_the_same_script_gets_torchrls(tmp_path, no_leaks):
+    (tmp_path / "script.py").write_text(CHECK_PATHS)
+    run = subprocess.run([sys.executable, "script.py", "fork"], capture_output=True, text=True, timeout=240,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[:4] == ["main", "False", "child", "False"]
+
+
+def test_a_hydra_script_gets_its_config_and_overrides(tmp_path, no_leaks):
+    pytest.importorskip("hydra")
+    (tmp_path / "config.yaml").write_text("env:\n  num_envs: 2\n  name: CartPole-v1\n")
+    run = tdcollect_run(tmp_path, """
+        import hydra
+        from torchrl.envs import GymEnv, ParallelEnv
+
+
+        @hydra.main(config_path="", config_name="config", version_base="1.3")
+        def main(cfg):
+            env = ParallelEnv(cfg.env.num_envs, lambda: GymEnv(cfg.env.name))
+            print(type(env).__mro__[1].__module__, tuple(env.rollout(3).batch_size))
+            env.close()
+
+
+        if __name__ == "__main__":
+            main()
+    """, "env.num_envs=4", "hydra.run.dir=.")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-3:] == ["tdcollect.envs.parallel", "(4,", "3)"]
+
+
+def test_the_exit_status_is_the_scripts(tmp_path):
+    assert tdcollect_run(tmp_path, "raise SystemExit(3)\n").returncode == 3
+    assert tdcollect_run(tmp_path, "import sys\nsys.exit()\n").returncode == 0
+    said = tdcollect_run(tmp_path, "raise SystemExit('stopped: no data')\n")
+    assert said.returncode == 1 and "stopped: no data" in said.stderr
+
+
+def test_an_exception_prints_the_scripts_traceback_and_exits_1(tmp_path):
+    run = tdcollect_run(tmp_path, """
+        def inner():
+            raise ValueError("bad learning rate")
+
+
+        inner()
+    """, name="train.py")
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert lines[-1] == "ValueError: bad learning rate"
+    assert any('train.py", line 6, in <module>' in line for line in lines)
+    assert not any("runpy" in line or "script.py" in line for line in lines), run.stderr
+
+
+def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "tdcollect", "run", "missing.py"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == ["tdcollect run: no such script: missing.py (give the path of a "
+                                               "Python file, as to python)"]
+
+
+def test_no_worker_is_left_when_the_script_raises_with_its_env_open(tmp_path, no_leaks):
+    run = tdcollect_run(tmp_path, """
+        import gymnasium as gym
+        from torchrl.collectors import MultiSyncCollector
+        from torchrl.envs import ParallelEnv
+
+        if __name__ == "__main__":
+            env = ParallelEnv(2, lambda: gym.make("CartPole-v1"))
+            env.rollout(2)
+            collector = MultiSyncCollector([lambda: gym.make("CartPole-v1")] * 2, None, frames_per_batch=8,
+                                           total_frames=-1)
+            next(iter(collector))
+            print(*env.worker_pids, *collector.worker_pids, flush=True)
+            raise RuntimeError("the script failed with its env and collector open")
+    """)
+    assert run.returncode == 1, run.stderr[-3000:]
+    pids = [int(pid) for pid in run.stdout.split()]
+    assert len(pids) == 4
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_a_call_ours_refuses_keeps_torchrls_class_and_says_why(tmp_path, no_leaks):
+    run = tdcollect_run(tmp_path, """
+        from torchrl.envs import GymEnv, ParallelEnv
+        import torchrl.envs.batched_envs as batched
+
+        if __name__ == "__main__":
+            env = ParallelEnv(2, lambda: GymEnv("CartPole-v1"), use_buffers=False)
+            print(type(env) is batched.ParallelEnv.torchrl_class, isinstance(env, ParallelEnv))
+            env.rollout(2)
+            env.close()
+    """)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "True"]
+    assert "kept TorchRL's ParallelEnv for this call: use_buffers=False" in run.stderr
+
+
+def test_the_layout_line_and_the_asked_layout(tmp_path, no_leaks):
+    source = """
+        import gymnasium as gym
+        from torchrl.envs import ParallelEnv
+
+        if __name__ == "__main__":
+            env = ParallelEnv(4, lambda: gym.make("CartPole-v1"))
+            print(env.num_workers, tuple(env.batch_size))
+            env.close()
+    """
+    asked = tdcollect_run(tmp_path, source, options=("--layout=asked",))
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert asked.stdout.split() == ["4", "(4,)"]
+    assert "laid out" not in asked.stderr
+    machine = tdcollect_run(tmp_path, source)
+    assert machine.returncode == 0, machine.stderr[-3000:]
+    cores = psutil.Process().cpu_affinity()
+    if len(cores) < 4:
+        workers, per_worker = swap.machine_layout(4, None, None, len(cores))
+        assert machine.stdout.split() == [str(workers), "(4,)"]
+        assert f"ParallelEnv(4, ...) laid out as {workers} workers x {per_worker} envs" in machine.stderr
+
+
+def test_machine_layout_rule():
+    make = object()
+    assert swap.machine_layout(8, make, None, 2) == (2, 4)
+    assert swap.machine_layout(6, make, None, 4) == (3, 2)
+    assert swap.machine_layout(7, make, None, 2) == (1, 7)
+    assert swap.machine_layout(2, make, None, 4) == (2, 1)
+    assert swap.machine_layout(8, [make] * 8, [{"a": 1}] * 8, 2) == (2, 4)
+    assert swap.machine_layout(8, [object() for _ in range(8)], None, 2) == "a constructor per env"
+    assert swap.machine_layout(4, make, [{"seed": i} for i in range(4)], 2) == "create_env_kwargs per env"
+
+
+@pytest.fixture
+def swapped():
+    swap.install("machine", cores=2)
+    try:
+        yield
+    finally:
+        swap.uninstall()
+
+
+def test_the_laid_out_env_gives_torchrls_data(swapped, no_leaks):
+    """``ParallelEnv(4, make)`` laid out as 2 workers x 2 envs gives what TorchRL's ``SerialEnv`` of the same
+    constructors gives, seeded the same, key by key."""
+    import torchrl.envs
+    from torchrl.envs import GymEnv
+
+    def make():
+        return GymEnv("CartPole-v1")
+
+    ours = torchrl.envs.ParallelEnv(4, make)
+    reference = torchrl.envs.SerialEnv.torchrl_class(4, make)
+    try:
+        assert ours.num_workers == 2
+        data = []
+        for env in (ours, reference):
+            env.set_seed(7)
+            torch.manual_seed(0)
+            data.append(env.rollout(30, break_when_any_done=False))
+        for key in data[1].keys(True, True):
+            assert torch.equal(data[0][key], data[1][key]), key
+    finally:
+        ours.close()
+        reference.close()
+
+
+def test_the_guide_page_shows_what_the_command_does(tmp_path, no_leaks):
+    """docs/guide/your_script.md: its script, run with ``tdcollect run``, says on stderr the lines the page shows
+    (the layout line where this machine has the page's two cores) and collects its batches."""
+    page = (ROOT / "docs" / "guide" / "your_script.md").read_text()
+    script = page.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = page.split("```console\n")[2].split("```", 1)[0].splitlines()
+    run = tdcollect_run(tmp_path, script, name="train.py")
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = [line for line in run.stderr.splitlines() if line.startswith("tdcollect run:")]
+    assert said[:1] == shown[:1]
+    if len(psutil.Process().cpu_affinity()) == 2:
+        assert said[1:] == shown[1:]
+    assert run.stdout.split("\n")[:4] == ["(4, 16)"] * 4
