@@ -36,6 +36,7 @@ SCRIPTS = {
         "env.name=HalfCheetah-v4", "collector.total_frames=3000", "collector.init_random_frames=1000",
         "collector.frames_per_batch=500", "collector.env_per_collector=2", "collector.device=cpu",
         "network.device=cpu", "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000",
+        "env.max_episode_steps=100",
         "logger.backend=", "logger.eval_iter=1000000"]),
     "impala": ("impala", "impala_single_node.py", 2400, [
         "collector.num_workers=2", "collector.frames_per_batch=320", "collector.total_frames=9600", "device=cpu",
@@ -46,6 +47,8 @@ SCRIPTS = {
 }
 
 
+#: the overrides that set how many envs a script asks for (``--envs-as-shipped`` drops them: the script's own count)
+ENV_COUNTS = ("env.num_envs=", "collector.env_per_collector=")
 #: the ways a script runs: as shipped, with our classes, with our classes and the Atari transforms in our workers,
 #: and the shipped script under ``tdcollect run`` (its default layout, and the layout the script asks for)
 IMPLS = ["ours", "torchrl", "ours_workers", "run", "run_asked"]
@@ -100,10 +103,12 @@ def prepare(rl: Path, script: str, impl: str, root: Path) -> Path:
 PROBE = Path(__file__).resolve().parent / "sota_probe"
 
 
-def run(target: Path, script: str, impl: str, round_: int) -> dict:
+def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool = False) -> dict:
     """One run of ``script`` the ``impl`` way: ``{"seconds": wall time, "collect_s": time in the collector's
     next(), "frames": frames it gave, "scalars": {logged name: [values]}}`` (the CSV logger's)."""
     _, file, _, overrides = SCRIPTS[script]
+    if envs_as_shipped:
+        overrides = [item for item in overrides if not item.startswith(ENV_COUNTS)]
     outputs = target / f"outputs-{round_}"
     probe = target / f"probe-{round_}"
     env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1", SOTA_PROBE=str(probe))
@@ -122,18 +127,20 @@ def run(target: Path, script: str, impl: str, round_: int) -> dict:
     collected = json.loads((target / f"probe-{round_}.{process.pid}.json").read_text())
     scalars = {}
     for csv in sorted(outputs.rglob("*.csv")):  # the CSV logger's scalars/<group>/<name>.csv
-        scalars[f"{csv.parent.name}/{csv.stem}"] = [float(line.split(",")[-1]) for line in csv.read_text().splitlines() if line.strip()]
+        lines = [line for line in csv.read_text().splitlines() if line.strip()]
+        scalars[f"{csv.parent.name}/{csv.stem}"] = [float(line.split(",")[-1]) for line in lines]
     return {"seconds": seconds, "collect_s": collected["seconds"], "frames": collected["frames"],
             "scalars": scalars}
 
 
 def sane(scalars: dict) -> str:
-    """``finite`` when every logged loss is finite (else the first that is not), and the training return's first
-    and last logged values."""
-    bad = [name for name, values in scalars.items() if "loss" in name and not all(math.isfinite(v) for v in values)]
+    """How many loss values were logged and whether all are finite, and the training return's first and last
+    logged values."""
+    losses = [value for name, values in scalars.items() if "loss" in name for value in values]
+    finite = "all finite" if all(math.isfinite(value) for value in losses) else "NOT ALL FINITE"
     rewards = scalars.get("train/reward", [])
     moved = f"{rewards[0]:.1f} -> {rewards[-1]:.1f}" if rewards else "no episode ended"
-    return f"{'finite' if not bad else 'NOT finite: ' + bad[0]}; return {moved}"
+    return f"{len(losses)} losses, {finite}; return {moved}"
 
 
 def main(argv=None) -> int:
@@ -143,6 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rl", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "torchrl-tests")
     parser.add_argument("--json", type=Path, default=None, help="write every run's numbers there")
+    parser.add_argument("--envs-as-shipped", action="store_true",
+                        help="the scripts' own env counts (8 for SAC and PPO-Atari), not the short config's 2")
     args = parser.parse_args(argv)
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,7 +159,7 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for script in args.scripts:
                 for impl in args.impls if r % 2 == 0 else args.impls[::-1]:
-                    one = run(targets[script, impl], script, impl, r)
+                    one = run(targets[script, impl], script, impl, r, args.envs_as_shipped)
                     results.setdefault((script, impl), []).append(one)
                     print(f"round {r + 1} {script:10s} {impl:12s} {one['seconds']:7.1f} s, collection "
                           f"{one['frames'] / one['collect_s']:8,.0f} frames/s; {sane(one['scalars'])}", flush=True)

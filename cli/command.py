@@ -27,24 +27,24 @@ def _parser() -> argparse.ArgumentParser:
                           "as fewer workers of several envs each, same batch and data; asked: as the script says")
     run.add_argument("script", help="the Python file to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="its arguments (hydra overrides too)")
-    demo = commands.add_parser("demo", help="the CartPole demo: a ParallelEnv against a serial loop",
-                               add_help=False)
-    demo.add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser("demo", add_help=False,
+                        help="the CartPole demo: a ParallelEnv against a serial loop (its options: demo --help)")
     tune = commands.add_parser("autotune", help="time splits of N gymnasium envs over worker processes here")
     tune.add_argument("env_id", help="a gymnasium env id (gymnasium.make's first argument)")
     tune.add_argument("--num-envs", type=int, required=True, help="how many envs in all")
     tune.add_argument("--budget-s", type=float, default=30.0, help="seconds to spend (default 30)")
-    melting = commands.add_parser("install-meltingpot", add_help=False,
-                                  help="install dm-meltingpot 2.4.1 (its setup.py downloads assets from an "
-                                       "unreachable host; substrates never read them)")
-    melting.add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser("install-meltingpot", add_help=False,
+                        help="install dm-meltingpot 2.4.1 (its setup.py downloads assets from an unreachable host; "
+                             "substrates never read them)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command's exit status."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, passed_on = parser.parse_known_args(argv)  # demo's and install-meltingpot's own options are theirs
+    if passed_on and args.command not in ("demo", "install-meltingpot"):
+        parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
     if args.command == "run":
         from .script import run_script
 
@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from tdcollect.envs.demo import main as demo
 
-        demo(args.args)
+        demo(passed_on)
         return 0
     if args.command == "autotune":
         return _autotune(args.env_id, args.num_envs, args.budget_s)
     if args.command == "install-meltingpot":
-        from tdcollect.envs.libs.meltingpot import main as install
+        from tdcollect.envs.meltingpot_install import main as install
 
-        return install(args.args)
+        return install(passed_on)
     parser.print_help()
     return 2
 
@@ -69,7 +69,7 @@ def _autotune(env_id: str, num_envs: int, budget_s: float) -> int:
 
     import gymnasium as gym
 
-    from tdcollect.envs import autotune
+    from tdcollect.envs.tuning import autotune
 
     tuning = autotune(functools.partial(gym.make, env_id), num_envs, budget_s=budget_s)
     print(f"best: ParallelEnv(create_env_fn=make_env, **{tuning.kwargs})")

@@ -31,6 +31,7 @@ from .engine.errors import ArgumentError, WorkerError, failures_of
 from .engine.protocol import RESET, STEP
 from .engine.shared import numpy_view
 from .engine.values import check_finite
+from .batched import one_thread
 from .inputs import value_checker
 from .parallel import ParallelEnv
 
@@ -76,12 +77,21 @@ class AsyncParallelEnv(ParallelEnv):
         self._next_arrays = [(key, numpy_view(leaf), leaf.dtype) for key, leaf in self.next_buffer.items(True, True)]
         self._action_arrays = [numpy_view(buffer) for _, buffer in self.action_buffers]
 
-    def close(self, *, raise_if_closed: bool = False) -> None:
-        """As :meth:`ParallelEnv.close`, and the numpy views of the buffers go too, so that their memory is freed
-        now (not when this object is collected)."""
+    def _forget_buffers(self) -> None:
+        """As every batched env at close(), and the numpy views of the buffers go too, so that their memory is freed
+        now (not when this object is collected). (Inside close(): a recv / send in flight in another thread that
+        reads them ends with the "closed" error, see ``one_thread``.)"""
         self._root_arrays = self._next_arrays = self._action_arrays = []
         self._action_checks = {}
-        super().close(raise_if_closed=raise_if_closed)
+        super()._forget_buffers()
+
+    def closed_under_error(self, call: str) -> RuntimeError:
+        """As for every batched env; ``recv`` and ``send`` have nothing to continue after a close (see
+        :meth:`_refuse_closed`)."""
+        if call in ("recv", "send"):
+            return RuntimeError(f"this {self.owner} was closed (from another thread or a signal handler?) while "
+                                f"{call}() ran, so it has nothing to continue: async_reset() starts it again.")
+        return super().closed_under_error(call)
 
     def _refuse_closed(self, call: str) -> None:
         """``recv`` and ``send`` continue what ``async_reset`` began: on a closed env (closed from another thread, a
@@ -92,6 +102,7 @@ class AsyncParallelEnv(ParallelEnv):
                                "has nothing to continue: async_reset() starts it again.")
 
     # ----------------------------------------------------------------- asynchronous API
+    @one_thread
     def async_reset(self) -> None:
         """Start resetting every env (seeded if :meth:`set_seed` was called); returns at once."""
         self._ensure_open()
@@ -101,6 +112,7 @@ class AsyncParallelEnv(ParallelEnv):
         self._start(RESET, list(range(self.num_workers)))
         self._received.clear()
 
+    @one_thread
     def recv(self) -> TensorDictBase:
         """The envs of the first ``batch_workers`` workers that finished (see the module docstring)."""
         self._refuse_closed("recv")
@@ -145,6 +157,7 @@ class AsyncParallelEnv(ParallelEnv):
         self._start(RESET, workers)
         self._restarted.update(workers)
 
+    @one_thread
     def send(self, tensordict: TensorDictBase) -> None:
         """Step the envs of a batch :meth:`recv` returned with its action entries; returns at once."""
         self._refuse_closed("send")

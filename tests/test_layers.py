@@ -1,11 +1,11 @@
-"""The package's layers, read from its import graph with ``ast`` (``envs/``, ``collectors/``):
+"""The package's layers, read from its import graph with ``ast`` (``envs/``, ``collectors/``, ``cli/``):
 
 - ``envs/engine/`` imports nothing from ``envs/libs/``, ``envs/vector/`` or the TorchRL face (``envs/*.py``);
 - a family module of ``envs/libs/`` imports no other family module (but those it builds on, :data:`BUILT_ON`: a
   wrapper family translating onto another family's road) and no face; ``envs/vector/`` does not import
-  ``collectors``; ``envs`` never imports ``collectors``;
+  ``collectors``; ``envs`` never imports ``collectors``; nothing imports the command (``cli/``);
 - an env family's name appears (in any case) only in its own module of ``envs/libs/``, the public ``__init__`` and
-  the installer's alias (see :data:`FAMILY_NAMES`);
+  the installer's aliases (``python -m``, the command's; see :data:`FAMILY_NAMES`);
 - no circle, counting every import (those inside functions too: a lazy import is still a dependency);
 - no chain longer than :data:`MAX_CHAIN` modules among the imports made when a module is loaded (its top-level ones:
   the floors a module stands on; a function-level import of an optional family or face, e.g. ``ray``, loads only
@@ -19,7 +19,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("envs", "collectors")
+PACKAGES = ("envs", "collectors", "cli")
+#: the folder installed as the ``tdcollect`` package itself (the command): its modules are named without it
 MAX_CHAIN = 9
 MAX_CHAIN_INSIDE = 5
 #: the one package ``__init__`` that modules import: the registry of env families
@@ -29,7 +30,7 @@ REGISTRY = "envs.libs"
 BUILT_ON = {"envs.libs.dmlab2d": {"envs.libs.dm_env"}, "envs.libs.gymenv": {"envs.libs.gym", "envs.libs.envbase"}}
 #: a family's names (lower case) -> the modules allowed to say them besides tests, docs and tutorials
 FAMILY_NAMES = {
-    ("meltingpot",): {"envs.libs.meltingpot", "envs.meltingpot_install"},
+    ("meltingpot",): {"envs.libs.meltingpot", "envs.meltingpot_install", "command"},
     ("dm_env",): {"envs.libs.dm_env", "envs.libs.dmlab2d"},
     ("dmlab2d",): {"envs.libs.dmlab2d"},
     ("pettingzoo",): {"envs.libs.pettingzoo"},
@@ -42,6 +43,8 @@ def modules() -> dict[str, Path]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
+            if package == "cli":
+                parts = parts[1:]
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -91,10 +94,13 @@ def longest_chains(edges: dict[str, set[str]]) -> dict[str, list[str]]:
 
 
 def layer(name: str) -> str:
-    """``"engine"``, ``"libs"``, ``"vector"``, ``"face"`` (``envs/*.py``) or ``"collectors"``."""
+    """``"engine"``, ``"libs"``, ``"vector"``, ``"face"`` (``envs/*.py``), ``"collectors"`` or ``"command"``
+    (``cli/``: ``tdcollect run`` and the other commands, above every face)."""
     parts = name.split(".")
     if parts[0] == "collectors":
         return "collectors"
+    if parts[0] != "envs":
+        return "command"
     return parts[1] if len(parts) > 2 and parts[1] in ("engine", "libs", "vector") else "face"
 
 
@@ -126,6 +132,7 @@ def test_layers():
         "vector": {"engine", "libs", "face", "vector"},
         "face": {"engine", "libs", "face", "vector"},
         "collectors": {"engine", "libs", "face", "vector", "collectors"},
+        "command": {"engine", "libs", "face", "vector", "collectors", "command"},
     }
     wrong = []
     for name, targets in edges.items():

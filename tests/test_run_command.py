@@ -243,3 +243,26 @@ def test_the_guide_page_shows_what_the_command_does(tmp_path, no_leaks):
     if len(psutil.Process().cpu_affinity()) == 2:
         assert said[1:] == shown[1:]
     assert run.stdout.split("\n")[:4] == ["(4, 16)"] * 4
+
+
+def test_the_command_lists_its_commands_and_runs_the_old_entry_points():
+    listed = subprocess.run([sys.executable, "-m", "tdcollect", "--help"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0
+    for command in ("run", "demo", "autotune", "install-meltingpot"):
+        assert f"    {command}" in listed.stdout, listed.stdout
+    assert subprocess.run([sys.executable, "-m", "tdcollect"], capture_output=True, timeout=60).returncode == 2
+    helped = subprocess.run([sys.executable, "-m", "tdcollect", "install-meltingpot", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "--check" in helped.stdout
+
+
+@pytest.mark.long
+def test_the_demo_and_autotune_commands_run(no_leaks):
+    demo = subprocess.run([sys.executable, "-m", "tdcollect", "demo", "--envs-per-worker", "2", "--steps", "50"],
+                          capture_output=True, text=True, timeout=240)
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    assert "ParallelEnv" in demo.stdout and "ratio" in demo.stdout
+    tuned = subprocess.run([sys.executable, "-m", "tdcollect", "autotune", "CartPole-v1", "--num-envs", "2",
+                            "--budget-s", "2"], capture_output=True, text=True, timeout=240)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "best: ParallelEnv(create_env_fn=make_env, **{'num_workers':" in tuned.stdout

@@ -28,3 +28,10 @@ def test_the_transforms_move_with_one_line_before_the_return():
 
 def test_a_module_without_the_function_is_left_alone():
     assert move_transforms("x = 1\n") == "x = 1\n"
+
+
+def test_sane_reports_losses_and_returns():
+    from benchmarks.sota import sane
+
+    assert sane({"train/q_loss": [1.0, 2.0], "train/reward": [-3.0, 5.5]}) == "2 losses, all finite; return -3.0 -> 5.5"
+    assert sane({"train/loss_actor": [float("nan")]}) == "1 losses, NOT ALL FINITE; return no episode ended"

@@ -203,15 +203,16 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         """Step every env with its action (``actions``: a batch of the ``action_space``); returns
         ``(observations, rewards, terminations, truncations, infos)`` as the ``autoreset_mode`` defines them."""
         self._idle("step")
-        self._core.write_actions(actions)
         with self._closed_under("step"):
+            self._core.write_actions(actions)
             self._core.step()
             return self._step_result()
 
     def step_async(self, actions) -> None:
         """Check and write ``actions``, begin the step on the workers and return; :meth:`step_wait` returns it."""
         self._idle("step_async")
-        self._core.write_actions(actions)
+        with self._closed_under("step_async"):
+            self._core.write_actions(actions)
         self._start("step", self._core.start_step, self._core.finish_step)
 
     def step_wait(self, timeout: float | None = None):
@@ -258,7 +259,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Each env's attribute ``name`` (``get_wrapper_attr``), called with ``args``/``kwargs`` when callable."""
         self._idle("call")
-        return tuple(self._call(name, args, kwargs))
+        with self._closed_under("call"):
+            return tuple(self._call(name, args, kwargs))
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Begin :meth:`call` on the workers and return; :meth:`call_wait` returns its result."""
@@ -269,7 +271,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """The result of the pending :meth:`call_async` (``multiprocessing.TimeoutError`` after ``timeout`` s)."""
-        return tuple(self._wait("call", timeout))
+        with self._closed_under("call_wait"):
+            return tuple(self._wait("call", timeout))
 
     def _call(self, name: str, args: tuple, kwargs: dict) -> list:
         _check_call_name(name)
@@ -288,7 +291,8 @@ class ParallelVectorEnv(VectorEnv, EngineWorkers):
         if len(values) != self.num_envs:
             raise ValueError(f"set_attr takes one value for all envs or one per env ({self.num_envs}), got "
                              f"{len(values)} values.")
-        self._core.request("set_wrapper_attr", range(self.num_envs), [(name, value) for value in values])
+        with self._closed_under("set_attr"):
+            self._core.request("set_wrapper_attr", range(self.num_envs), [(name, value) for value in values])
 
     def render(self) -> tuple[Any, ...] | None:
         """Each env's ``render()``."""

@@ -88,8 +88,8 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
         """Check ``actions`` (``[num_envs, ...]``), write them into the shared buffers and begin the step on the
         workers (this process is free until ``step_wait``; no other call to the envs until then)."""
         self._check_idle("step_async")
-        self._core.write_actions(actions)
         with self._closed_under("step_async"):
+            self._core.write_actions(actions)
             self._core.start_step()
         self.waiting = True
 
@@ -136,7 +136,8 @@ class ParallelVecEnv(VecEnv, EngineWorkers):
 
     def _request(self, op: str, indices: Iterable[int], args: tuple = ()) -> list:
         self._check_idle(op)
-        return self._core.request(op, indices, args)
+        with self._closed_under(op):
+            return self._core.request(op, indices, args)
 
     def _check_idle(self, what: str) -> None:
         """Raise unless this env is open and no step is under way (``step_async`` without its ``step_wait``)."""
