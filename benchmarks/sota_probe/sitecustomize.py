@@ -1,8 +1,10 @@
 """Collection time of a TorchRL script, measured from outside it (``benchmarks/sota.py`` puts this folder on the
 script's ``PYTHONPATH`` with ``SOTA_PROBE=<file prefix>``): every ``next()`` on a collector's iterator (TorchRL's
 ``BaseCollector`` and tdcollect's ``CollectorBase``, patched as their modules are imported) is timed, and each
-process that iterated one writes ``{"seconds", "frames", "batches"}`` to ``<prefix>.<pid>.json`` at exit. Then the
-``sitecustomize`` this one hides, if any, runs."""
+process that iterated one writes ``{"seconds", "frames", "batches"}`` to ``<prefix>.<pid>.json`` at exit. TorchRL's
+CSV logger, which the benchmark reads the losses and returns from, is given the mean of a list it is asked to log
+(SAC logs every episode return that ended in a batch, a list where several ended; the CSV logger stops at
+``float(list)``). Then the ``sitecustomize`` this one hides, if any, runs."""
 import atexit
 import importlib.abc
 import importlib.machinery
@@ -12,8 +14,6 @@ import sys
 import time
 
 PREFIX = os.environ.get("SOTA_PROBE")
-#: module -> the collector base class whose ``__iter__`` is timed
-TARGETS = {"torchrl.collectors._base": "BaseCollector", "tdcollect.collectors.base": "CollectorBase"}
 totals = {"seconds": 0.0, "frames": 0, "batches": 0}
 
 
@@ -34,6 +34,27 @@ def timed(iterate):
     return __iter__
 
 
+def time_iterations(cls):
+    cls.__iter__ = timed(cls.__iter__)
+
+
+def log_list_means(experiment):
+    add_scalar = experiment.add_scalar
+
+    def add_mean(self, name, value, global_step=None):
+        if isinstance(value, (list, tuple)):
+            value = sum(value) / len(value)
+        add_scalar(self, name, value, global_step)
+
+    experiment.add_scalar = add_mean
+
+
+#: module -> (class, what is done to it once the module has run)
+TARGETS = {"torchrl.collectors._base": ("BaseCollector", time_iterations),
+           "tdcollect.collectors.base": ("CollectorBase", time_iterations),
+           "torchrl.record.loggers.csv": ("CSVExperiment", log_list_means)}
+
+
 class PatchAfterExec(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name not in TARGETS:
@@ -45,8 +66,8 @@ class PatchAfterExec(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            cls = getattr(module, TARGETS[name])
-            cls.__iter__ = timed(cls.__iter__)
+            cls_name, patch = TARGETS[name]
+            patch(getattr(module, cls_name))
 
         spec.loader.exec_module = exec_module
         return spec

@@ -35,3 +35,28 @@ def test_sane_reports_losses_and_returns():
 
     assert sane({"train/q_loss": [1.0, 2.0], "train/reward": [-3.0, 5.5]}) == "2 losses, all finite; return -3.0 -> 5.5"
     assert sane({"train/loss_actor": [float("nan")]}) == "1 losses, NOT ALL FINITE; return no episode ended"
+
+
+def test_the_probe_logs_the_mean_of_a_list_to_the_csv_logger(tmp_path):
+    """SAC logs every episode return that ended in a batch (a list where several ended); the probe gives TorchRL's
+    CSV logger their mean instead of its ``float(list)`` error."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "sota_probe" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("sota_probe_under_test", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+
+    class Experiment:
+        def __init__(self):
+            self.logged = []
+
+        def add_scalar(self, name, value, global_step=None):
+            self.logged.append((name, float(value), global_step))
+
+    probe.log_list_means(Experiment)
+    experiment = Experiment()
+    experiment.add_scalar("train/reward", [-3.0, 5.0], global_step=7)
+    experiment.add_scalar("train/q_loss", 0.5)
+    assert experiment.logged == [("train/reward", 1.0, 7), ("train/q_loss", 0.5, None)]
