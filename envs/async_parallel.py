@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .batched import one_thread
 from .engine.errors import ArgumentError, WorkerError, failures_of
 from .engine.protocol import RESET, STEP
 from .engine.shared import numpy_view
 from .engine.values import check_finite
-from .batched import one_thread
 from .inputs import value_checker
 from .parallel import ParallelEnv
 
