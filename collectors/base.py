@@ -209,9 +209,13 @@ class CollectorBase:
                     bar.update(frames)
                     bar.set_postfix(fps=f"{frames / (time.perf_counter() - start):,.0f}")
                 yield self._finish(self._in_torchrl_layout(batch))
+            self._collected_all()
         finally:
             if bar is not None:
                 bar.close()
+
+    def _collected_all(self) -> None:
+        """Called once the total frames are collected (not when the iteration is left early)."""
 
     def _in_torchrl_layout(self, batch: TensorDictBase) -> TensorDictBase:
         """A collected batch ``[n_envs, T]`` (with trajectory ids) as TorchRL yields it for this collector's
@@ -420,7 +424,8 @@ class CollectorBase:
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
         """Stop everything the collector started; idempotent (TorchRL's arguments are accepted: workers get a few
-        seconds to leave, then are killed; the collector's envs are always closed)."""
+        seconds to leave, then are killed; the envs the collector built are always closed, and ``Collector`` closes
+        an env given to it as an instance unless ``close_env=False``)."""
         if self._closed:
             return
         if self._background is not None and threading.current_thread() is not self._background:

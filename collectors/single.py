@@ -171,8 +171,22 @@ class Collector(LocalCalls, CollectorBase):
                 policy_weights_of(policy_weights))
         self.increment_version()
 
+    def _collected_all(self) -> None:
+        """TorchRL's collector closes its env once the total frames are collected (a later use of the env starts
+        it again); so does this one."""
+        if not self.env.is_closed:
+            self.env.close()
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        """Stop the collector and close its env, as TorchRL's does: an env given as an instance is closed too
+        (``close_env=False`` leaves it open; an env the collector built from a constructor is always closed).
+        Idempotent; garbage collection of the collector calls it with the defaults, as TorchRL's."""
+        self._closes_given_env = close_env
+        super().shutdown(timeout, close_env, raise_on_error)
+
     def _shutdown(self) -> None:
-        if self.__dict__.get("_owns_env") and not self.env.is_closed:
+        closes = self.__dict__.get("_owns_env") or self.__dict__.get("_closes_given_env", False)
+        if closes and not self.env.is_closed:
             self.env.close()
 
 

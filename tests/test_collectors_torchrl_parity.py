@@ -110,3 +110,39 @@ def test_a_policy_factory_per_worker_and_per_worker_weights(no_leaks):
     with pytest.raises(ValueError, match="per-worker weights"):
         MultiSyncCollector([ContinuousActionVecMockEnv] * 2, bias_policy(0.0), frames_per_batch=10,
                            weight_sync_schemes={"policy": SharedMemWeightSyncScheme(per_worker_weights=True)})
+
+
+@pytest.mark.parametrize("close_env", [True, False])
+def test_shutdown_closes_an_env_given_as_an_instance_as_torchrls_does(close_env, no_leaks):
+    """TorchRL's ``Collector.shutdown()`` closes the env it was given (a script that then calls ``env.close()``
+    gets TorchRL's "closed environment" error); ``close_env=False`` leaves it open, unless the collector collected
+    its total frames (TorchRL's closes its env then). Ours does the same, on a ParallelEnv given as an instance; a
+    collector built from a constructor always closes its env."""
+    from torchrl.envs import ParallelEnv as TorchRLParallelEnv
+
+    from tdcollect.envs import ParallelEnv
+
+    closed = {}
+    for name, collector_cls, env_cls in (("theirs", TorchRLCollector, TorchRLParallelEnv),
+                                         ("ours", Collector, ParallelEnv)):
+        env = env_cls(2, DiscreteActionVecMockEnv)
+        try:
+            collector = collector_cls(env, None, frames_per_batch=10, total_frames=100)
+            next(iter(collector))
+            collector.shutdown(close_env=close_env)
+            closed[name, "shut down"] = env.is_closed
+            env.rollout(2)  # a closed env starts again on use
+            collector = collector_cls(env, None, frames_per_batch=10, total_frames=20)
+            for _ in collector:
+                pass
+            closed[name, "all frames"] = env.is_closed
+            collector.shutdown(close_env=False)
+        finally:
+            if not env.is_closed:
+                env.close()
+    assert closed == {(name, when): close_env if when == "shut down" else True
+                      for name in ("theirs", "ours") for when in ("shut down", "all frames")}
+    built = Collector(functools.partial(ParallelEnv, 2, DiscreteActionVecMockEnv), None, frames_per_batch=10,
+                      total_frames=10)
+    built.shutdown(close_env=False)
+    assert built.env.is_closed
