@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 #: pages whose blocks run in the long tier (``-m long``, run by CI): the API pages' examples (each shows one class
-#: that the README and the guides also run) and the Ray guide (a cluster start); the README's, the getting-started
-#: page's and the other guides' blocks run by default
-LONG_TIER = ("docs/api/", "docs/guide/ray.md")
+#: that the README and the guides also run), the Ray guide (a cluster start) and the "your script" page (a script
+#: on TorchRL's own classes, four spawned processes; the default run runs it under ``tdcollect run``, in
+#: ``test_run_command.py``); the README's, the getting-started page's and the other guides' blocks run by default
+LONG_TIER = ("docs/api/", "docs/guide/ray.md", "docs/guide/your_script.md")
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 

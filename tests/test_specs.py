@@ -122,16 +122,24 @@ def test_wide_unsigned_specs_cross_the_start_up_handshake(no_leaks):
 
 def test_buffer_zeros_are_torchrls_zero_without_the_non_tensor_entries():
     """``shared.zeros`` (the buffers' allocation) gives what TorchRL's ``Composite.zero()`` gives, key by key (dtype,
-    shape, value), each nested TensorDict of its Composite's shape; NonTensor entries have no buffer."""
+    shape, value), each nested TensorDict of its Composite's shape, or of its ``data_cls`` (a tensorclass, as
+    TorchRL's ``EnvWithTensorClass``); NonTensor entries have no buffer."""
+    from tensordict import tensorclass
     from torchrl.data import NonTensor, OneHot
 
     from tdcollect.envs.engine.shared import non_tensor_keys, zeros
+
+    @tensorclass
+    class Labelled:
+        value: torch.Tensor
+        label: str
 
     spec = Composite(
         a=Unbounded((3, 2)),
         b=Composite(c=Categorical(4, (3, 5), dtype=torch.int64), d=OneHot(3, (3, 3)), shape=(3,)),
         e=NonTensor(shape=(3,)),
         f=Composite(g=Bounded(0, 1, (3, 4, 2), dtype=torch.float64), shape=(3, 4)),
+        h=Composite(value=Unbounded((3,)), label=NonTensor(shape=(3,)), shape=(3,), data_cls=Labelled),
         shape=(3,),
     )
     torchrls = spec.zero().exclude(*non_tensor_keys(spec))
@@ -142,3 +150,5 @@ def test_buffer_zeros_are_torchrls_zero_without_the_non_tensor_entries():
         assert torch.equal(ours[key], torchrls[key]), key
     assert ours.batch_size == (3,) and ours["b"].batch_size == (3,) and ours["f"].batch_size == (3, 4)
     assert "e" not in ours.keys()
+    assert type(ours["h"]) is type(torchrls["h"]) is Labelled
+    assert torch.equal(ours["h"].value, torchrls["h"].value) and ours["h"].label is None

@@ -162,16 +162,18 @@ def allocate_buffers(specs: EnvSpecs, num_envs: int, shared: bool) -> TensorDict
     return in_shared_memory(buffers, "the step buffers") if shared else buffers
 
 
-def zeros(spec: Composite) -> TensorDict:
+def zeros(spec: Composite):
     """A zero for every tensor leaf of ``spec`` (``NonTensor`` leaves left out), nested as ``spec`` is, each
-    TensorDict of its Composite's shape: what ``spec.zero()`` gives without TorchRL's route through
-    ``TensorDict.from_dict``, which imports pandas and h5py where they are installed (about 1 s in each fresh worker
-    process)."""
+    TensorDict of its Composite's shape, or of its ``data_cls`` (a tensorclass) where it has one: what
+    ``spec.zero()`` gives without TorchRL's route through ``TensorDict.from_dict``, which imports pandas and h5py
+    where they are installed (about 1 s in each fresh worker process)."""
     data = TensorDict({}, batch_size=spec.shape, device=spec.device)
     for key, entry in spec.items():
         if entry is None or isinstance(entry, NonTensor):
             continue
         data.set(key, zeros(entry) if isinstance(entry, Composite) else entry.zero())
+    if spec.data_cls is not None:
+        return spec.data_cls.from_tensordict(data)
     return data
 
 
