@@ -152,3 +152,13 @@ def test_buffer_zeros_are_torchrls_zero_without_the_non_tensor_entries():
     assert "e" not in ours.keys()
     assert type(ours["h"]) is type(torchrls["h"]) is Labelled
     assert torch.equal(ours["h"].value, torchrls["h"].value) and ours["h"].label is None
+    # with leading dims (the buffers of 2 workers' envs): TorchRL's expand, then zero
+    expanded = spec.expand(2, 3).zero().exclude(*non_tensor_keys(spec))
+    ours = zeros(spec, (2,))
+    assert sorted(ours.keys(True, True), key=str) == sorted(expanded.keys(True, True), key=str)
+    for key in expanded.keys(True, True):
+        assert ours[key].dtype == expanded[key].dtype, key
+        assert ours[key].shape == expanded[key].shape, key
+        assert torch.equal(ours[key], expanded[key]), key
+    assert ours.batch_size == (2, 3) and ours["b"].batch_size == (2, 3) and ours["f"].batch_size == (2, 3, 4)
+    assert type(ours["h"]) is Labelled and ours["h"].batch_size == (2, 3)
