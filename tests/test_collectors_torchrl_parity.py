@@ -116,15 +116,16 @@ def test_a_policy_factory_per_worker_and_per_worker_weights(no_leaks):
 def test_shutdown_closes_an_env_given_as_an_instance_as_torchrls_does(close_env, no_leaks):
     """TorchRL's ``Collector.shutdown()`` closes the env it was given (a script that then calls ``env.close()``
     gets TorchRL's "closed environment" error); ``close_env=False`` leaves it open, unless the collector collected
-    its total frames (TorchRL's closes its env then). Ours does the same, on a ParallelEnv given as an instance; a
-    collector built from a constructor always closes its env."""
-    from torchrl.envs import ParallelEnv as TorchRLParallelEnv
+    its total frames (TorchRL's closes its env then). Ours does the same, on a batched env given as an instance
+    (each its own library's ``SerialEnv``: TorchRL's ``ParallelEnv`` would spawn fresh interpreters for the same
+    check); a collector built from a constructor always closes its env."""
+    from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
-    from tdcollect.envs import ParallelEnv
+    from tdcollect.envs import ParallelEnv, SerialEnv
 
     closed = {}
-    for name, collector_cls, env_cls in (("theirs", TorchRLCollector, TorchRLParallelEnv),
-                                         ("ours", Collector, ParallelEnv)):
+    for name, collector_cls, env_cls in (("theirs", TorchRLCollector, TorchRLSerialEnv),
+                                         ("ours", Collector, SerialEnv)):
         env = env_cls(2, DiscreteActionVecMockEnv)
         try:
             collector = collector_cls(env, None, frames_per_batch=10, total_frames=100)

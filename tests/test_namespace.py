@@ -18,7 +18,7 @@ assert not hasattr(envs, "ParallelEnv")
 
 if __name__ == "__main__":
     # spawn: every worker imports this script again, inside this project, next to its envs/ package
-    with ParallelEnv(2, envs.make, mp_start_method="spawn") as env:
+    with ParallelEnv(1, envs.make, envs_per_worker=2, mp_start_method="spawn") as env:
         rollout = env.rollout(3, break_when_any_done=False)
     assert rollout.batch_size == (2, 3), rollout.batch_size
     collector = MultiSyncCollector([envs.make], frames_per_batch=4, total_frames=4, mp_start_method="spawn")
