@@ -180,8 +180,10 @@ def test_a_partial_step_is_refused_with_a_worker_transform():
 def test_collectors_take_a_parallel_env_with_a_worker_transform():
     from tdcollect.collectors import Collector, MultiSyncCollector
 
-    def make_env():
-        return ParallelEnv(2, make_seeded_env, worker_transform=Compose(StepCounter(max_steps=5), RewardSum()))
+    def make_env():  # seeded: the env's episodes end at random, and this seed gives 5-step ones in the last batch
+        env = ParallelEnv(2, make_seeded_env, worker_transform=Compose(StepCounter(max_steps=5), RewardSum()))
+        env.set_seed(3)
+        return env
 
     for collector in (Collector(make_env, None, frames_per_batch=20, total_frames=40),
                       MultiSyncCollector([make_env], None, frames_per_batch=20, total_frames=40)):
