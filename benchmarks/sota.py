@@ -30,20 +30,19 @@ import time
 from pathlib import Path
 
 STANDINS = Path(__file__).resolve().parent / "sota_standins"
-#: script -> (folder, file, frames it collects with the overrides, hydra overrides)
+#: script -> (folder, file, hydra overrides); every run also logs with TorchRL's CSV logger (see :func:`run`)
 SCRIPTS = {
-    "sac": ("sac", "sac.py", 3000, [
+    "sac": ("sac", "sac.py", [
         "env.name=HalfCheetah-v4", "collector.total_frames=3000", "collector.init_random_frames=1000",
         "collector.frames_per_batch=500", "collector.env_per_collector=2", "collector.device=cpu",
         "network.device=cpu", "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000",
-        "env.max_episode_steps=100",
-        "logger.backend=", "logger.eval_iter=1000000"]),
-    "impala": ("impala", "impala_single_node.py", 2400, [
+        "env.max_episode_steps=100", "logger.eval_iter=1000000"]),
+    "impala": ("impala", "impala_single_node.py", [
         "collector.num_workers=2", "collector.frames_per_batch=320", "collector.total_frames=9600", "device=cpu",
-        "loss.batch_size=2", "logger.backend=", "logger.test_interval=1000000000"]),
-    "ppo_atari": ("ppo", "ppo_atari.py", 2048, [
+        "loss.batch_size=2", "logger.test_interval=1000000000"]),
+    "ppo_atari": ("ppo", "ppo_atari.py", [
         "env.num_envs=2", "collector.frames_per_batch=2048", "collector.total_frames=8192", "optim.device=cpu",
-        "loss.mini_batch_size=1024", "loss.ppo_epochs=1", "logger.backend=", "logger.test_interval=1000000000"]),
+        "loss.mini_batch_size=1024", "loss.ppo_epochs=1", "logger.test_interval=1000000000"]),
 }
 
 
@@ -88,7 +87,7 @@ def prepare(rl: Path, script: str, impl: str, root: Path) -> Path:
     """A copy of the script's folder for ``impl``: ``torchrl`` (as shipped), ``ours`` (imports swapped) or
     ``ours_workers`` (imports swapped and the Atari transforms moved into the workers, see
     :func:`move_transforms`)."""
-    folder, _, _, _ = SCRIPTS[script]
+    folder, _, _ = SCRIPTS[script]
     target = root / f"{script}-{impl}"
     shutil.copytree(rl / "sota-implementations" / folder, target)
     if impl.startswith("ours"):
@@ -106,7 +105,7 @@ PROBE = Path(__file__).resolve().parent / "sota_probe"
 def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool = False) -> dict:
     """One run of ``script`` the ``impl`` way: ``{"seconds": wall time, "collect_s": time in the collector's
     next(), "frames": frames it gave, "scalars": {logged name: [values]}}`` (the CSV logger's)."""
-    _, file, _, overrides = SCRIPTS[script]
+    _, file, overrides = SCRIPTS[script]
     if envs_as_shipped:
         overrides = [item for item in overrides if not item.startswith(ENV_COUNTS)]
     outputs = target / f"outputs-{round_}"
@@ -124,7 +123,7 @@ def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool
     seconds = time.perf_counter() - start
     if process.returncode:
         raise RuntimeError(f"{target.name} failed (exit {process.returncode}):\n{stderr[-3000:]}")
-    collected = json.loads((target / f"probe-{round_}.{process.pid}.json").read_text())
+    collected = json.loads(Path(f"{probe}.{process.pid}.json").read_text())  # the probe's file (sota_probe/)
     scalars = {}
     for csv in sorted(outputs.rglob("*.csv")):  # the CSV logger's scalars/<group>/<name>.csv
         lines = [line for line in csv.read_text().splitlines() if line.strip()]
