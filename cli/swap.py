@@ -25,16 +25,12 @@ import inspect
 import sys
 from collections.abc import Sequence
 
+_ENVS = {name: ("tdcollect.envs", name) for name in ("ParallelEnv", "SerialEnv")}
+_COLLECTORS = {name: ("tdcollect.collectors", name) for name in
+               ("Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector")}
 #: {TorchRL module a script imports from: {name: (tdcollect module, name)}}
-PUBLIC_MODULES = {
-    "torchrl.envs": {"ParallelEnv": ("tdcollect.envs", "ParallelEnv"), "SerialEnv": ("tdcollect.envs", "SerialEnv")},
-    "torchrl.envs.batched_envs": {"ParallelEnv": ("tdcollect.envs", "ParallelEnv"),
-                                  "SerialEnv": ("tdcollect.envs", "SerialEnv")},
-    "torchrl.collectors": {name: ("tdcollect.collectors", name) for name in
-                           ("Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector")},
-    "torchrl.collectors.collectors": {name: ("tdcollect.collectors", name) for name in
-                                      ("Collector", "MultiSyncCollector", "MultiAsyncCollector", "AsyncCollector")},
-}
+PUBLIC_MODULES = {"torchrl.envs": _ENVS, "torchrl.envs.batched_envs": _ENVS,
+                  "torchrl.collectors": _COLLECTORS, "torchrl.collectors.collectors": _COLLECTORS}
 #: layouts: ``"machine"`` (fewer workers, several envs each, where more workers than cores are asked for) or
 #: ``"asked"`` (the script's own)
 LAYOUTS = ("machine", "asked")
