@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.envs import GymEnv, GymWrapper, NoopResetEnv, StepCounter, TransformedEnv
+from torchrl.envs import EndOfLifeTransform, GymEnv, GymWrapper, NoopResetEnv, StepCounter, TransformedEnv
 from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
 from tdcollect.envs import ParallelEnv, SerialEnv
@@ -35,6 +35,14 @@ def transformed_gym_env(name: str, **kwargs):
         StepCounter())
 
 
+def atari_gym_env(name: str, eol: bool = True, **kwargs):
+    """As TorchRL's ``utils_atari.make_base_env``: ``TransformedEnv(GymEnv(...), [NoopResetEnv(30),
+    EndOfLifeTransform])`` (without the second, as for its test envs)."""
+    env = TransformedEnv(gym_env(name, from_pixels=True, pixels_only=False, frame_skip=4,
+                                 categorical_action_encoding=True, **kwargs), NoopResetEnv(noops=30, random=True))
+    return env.append_transform(EndOfLifeTransform()) if eol else env
+
+
 CASES = {
     "cartpole-onehot": functools.partial(gym_env, "CartPole-v1"),
     "cartpole-categorical": functools.partial(gym_env, "CartPole-v1", categorical_action_encoding=True),
@@ -45,12 +53,16 @@ CASES = {
     "pong-pixels-and-state": functools.partial(gym_env, "ALE/Pong-v5", from_pixels=True, pixels_only=False,
                                                frame_skip=4, max_episode_steps=24),
     "cartpole-transformed": functools.partial(transformed_gym_env, "CartPole-v1"),
+    "breakout-noops-end-of-life": functools.partial(atari_gym_env, "ALE/Breakout-v5", max_episode_steps=60),
+    "pong-noops": functools.partial(atari_gym_env, "ALE/Pong-v5", eol=False, max_episode_steps=45),
 }
-NATIVE = {name for name in CASES if name != "cartpole-transformed"}  # a TransformedEnv keeps TorchRL's step
+NATIVE = {name for name in CASES if name != "cartpole-transformed"}  # Noops and StepCounter: TorchRL's step
+#: the constructors that draw from the torch RNG of the process they run in: 1 worker x 4 envs (see the test)
+DRAWING = {"cartpole-transformed", "breakout-noops-end-of-life", "pong-noops"}
 
 
 def needs(name: str) -> None:
-    if name.startswith("pong"):
+    if name.startswith(("pong", "breakout")):
         pytest.importorskip("ale_py")
     if name.startswith("halfcheetah"):
         pytest.importorskip("mujoco")
@@ -104,7 +116,7 @@ def test_the_native_road_gives_torchrls_data(name, no_leaks):
     from it in env order, as the worker does)."""
     needs(name)
     make = CASES[name]
-    workers = 2 if name in NATIVE else 1
+    workers = 1 if name in DRAWING else 2
     theirs_env = TorchRLSerialEnv(4, make)
     try:
         actions = actions_for(theirs_env, STEPS)
@@ -118,6 +130,9 @@ def test_the_native_road_gives_torchrls_data(name, no_leaks):
         ours, ours_partial = run_loop(env, actions)
     assert all(road.startswith("native") == (name in NATIVE) for road in roads), roads
     assert theirs["next", "done"].any(), "no episode ended: the loop must cross an episode's end"
+    if "end-of-life" in theirs["next"].keys():
+        lost = theirs["next", "end-of-life"] & ~theirs["next", "done"]
+        assert lost.any(), "no life was lost inside an episode: the loop must cross one"
     assert_same(ours, theirs, name)
     assert_same(ours_partial[1], theirs_partial[1], f"{name}, partial reset")
 

@@ -3,6 +3,8 @@
 ::
 
     gym.py          gymnasium.Env: spaces -> specs, value checks and writers, GymStepper / GymBlockStepper
+    gymenv.py       TorchRL GymEnv / GymWrapper: the gymnasium env inside stepped natively, TorchRL's data
+    gymenv_transforms.py  the same under TorchRL's per-env Atari transforms (NoopResetEnv, EndOfLifeTransform)
     envbase.py      TorchRL EnvBase (unbatched or batched): TorchRLStepper, or the env's own native_stepper()
     dm_env.py       dm_env.Environment: specs -> TorchRL specs, multi-player layouts, DmEnvStepper
     dmlab2d.py      DMLab2dEnv: a DeepMind Lab2D level as a TorchRL env (stepped by dm_env's stepper)
@@ -11,8 +13,9 @@
 
 Each module defines ``FAMILY``, a :class:`~tdcollect.envs.engine.stepper.Family` (how to recognise the family's
 envs, their stepper, their costly imports); it imports its family's own package only when one of its envs is met,
-so every module here imports without it. A module imports the engine, never another family's module, except the
-two that build on the dm_env family (``dmlab2d.py`` uses its conversions and stepper).
+so every module here imports without it. A module imports the engine, never another family's module, except those
+that build on another family's road: ``dmlab2d.py`` on dm_env's conversions and stepper, ``gymenv.py`` on the
+gymnasium and TorchRL families, ``gymenv_transforms.py`` on ``gymenv.py``.
 
 **Adding a family** is adding one module here with a ``FAMILY`` (found at import), or, for a family that lives in
 your own code, :func:`register` with your ``Family``.

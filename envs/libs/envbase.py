@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.envs import EnvBase
+from torchrl.envs import Compose, EnvBase, Transform
 
 from ..engine.shared import BufferViews, EnvSpecs, key_tuple
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
@@ -25,6 +25,13 @@ def specs_of(env: EnvBase) -> EnvSpecs:
         reward=env.full_reward_spec.clone().cpu(),
         done=env.full_done_spec.clone().cpu(),
     )
+
+
+def transform_parts(transform: Transform) -> list[Transform]:
+    """``transform`` and, for a ``Compose``, its transforms (recursively), in order."""
+    if isinstance(transform, Compose):
+        return [part for inner in transform.transforms for part in transform_parts(inner)]
+    return [transform]
 
 
 def stepper_of(env):

@@ -168,17 +168,20 @@ class GymEnvStepper(GymRow):
         self._write_observation(obs, self._root, "reset()")
 
     def step(self) -> None:
-        i = self._i
-        action = self._read_action(self._action, i)
-        if self.frame_skip == 1:
-            obs, reward, terminated, truncated, _ = self.gym_env.step(action)
-        else:
-            obs, reward, terminated, truncated = skip_frames(self.gym_env, action, self.frame_skip)
+        obs, reward, terminated, truncated = self._advance(self._read_action(self._action, self._i))
         self._write_observation(obs, self._next, "step()")
         done = self._write_outcome(reward, terminated, truncated)
         if done:
             obs, _ = self.autoreset()
         self._write_observation(obs, self._root, "reset()" if done else "step()")
+
+    def _advance(self, action) -> tuple:
+        """One step of TorchRL's ``GymEnv``: ``frame_skip`` env steps (see :func:`~.gym.skip_frames`); returns
+        ``(observation, reward, terminated, truncated)``."""
+        if self.frame_skip == 1:
+            obs, reward, terminated, truncated, _ = self.gym_env.step(action)
+            return obs, reward, terminated, truncated
+        return skip_frames(self.gym_env, action, self.frame_skip)
 
     def _write_observation(self, obs, tree: dict, call: str) -> None:
         try:
