@@ -1,66 +1,58 @@
-"""Engine-native versions of the TorchRL transforms that TorchRL's scripts run per env, for a worker's transform.
+"""A worker's transform run natively: its envs step on their own road, and the transformed entries are written with
+a few tensor operations per step (the ops of ``native_ops.py``), instead of TorchRL's ``TransformedEnv``.
 
 A worker that runs a transform over its ``k`` envs (``worker_transform``, :func:`move_transforms_to_workers`) steps
 them, by default, under TorchRL's ``TransformedEnv``: a TensorDict per step and each transform's per-call code, which
-on a fast env costs more than the env. When every part of the transform is one listed here, with the options listed,
-the worker runs :class:`NativeTransformedGroup` instead: its envs step on their own road into worker-local buffers
-laid out from the envs' specs, and the transformed outputs are written into the shared buffers with a few tensor
-operations per step. The specs are TorchRL's own (the ``TransformedEnv`` is built once for them), and so are the
-data, value for value (``tests/test_native_transforms.py`` compares both roads):
+on a fast env costs more than the env. When every part of the transform has a native op (``native_ops.py``: TorchRL's
+SAC four, ``InitTracker``, ``StepCounter``, ``DoubleToFloat``, ``RewardSum``, and its Atari pixel transforms,
+``RenameTransform``, ``ToTensorImage``, ``GrayScale``, ``Resize``, ``CatFrames``, ``SignTransform``), the worker runs
+:class:`NativeTransformedGroup` instead: its envs step into worker-local buffers laid out from the envs' specs, the ops
+run in the transform's order over the ``[k]`` entries, and their outputs are copied into the shared buffers. The specs
+are TorchRL's own (the ``TransformedEnv`` is built once for them), and so are the data, value for value
+(``tests/test_native_transforms.py`` compares both roads):
 
-* ``InitTracker()``: ``"is_init"``, True in the root after a reset (on a partial reset: the reset envs' flags), False
-  in ``"next"`` and in a root carried on from a step.
-* ``StepCounter(max_steps=None, update_done=True)``: ``"step_count"`` (int64), 0 after a reset, one more in each
-  ``"next"``; with ``max_steps``, an env whose count reaches it is truncated (``"truncated"``, and ``"done"`` with
-  ``update_done``) and reset in the worker, as TorchRL's ``step_and_maybe_reset`` resets it.
-* ``RewardSum()``: ``"episode_reward"``, 0 after a reset, the root's plus the step's reward in each ``"next"``.
-* ``DoubleToFloat(...)``: each entry whose dtype the transform changes is cast as TorchRL casts it
-  (``copy_`` rounds to nearest, as ``Tensor.to``); an action declared float32 reaches a float64 env as ``to`` would.
+* after a step, ``"next"`` holds the ops' step outputs; the root holds the same observation entries for the envs that
+  go on, and for the envs whose episode ended (``"done"``, a ``StepCounter`` truncation included: such an env is
+  reset in the worker, as TorchRL's ``step_and_maybe_reset`` resets it) the ops' reset outputs of their reset
+  entries;
+* after a reset (all envs, or some), the root holds the ops' reset outputs.
 
-Anything else (another transform, other keys, two ``StepCounter``, a reward whose dtype the transform changes, nested
-or several done groups) keeps TorchRL's ``TransformedEnv``
-(:func:`why_not_native` says why). As with TorchRL's road in a worker, the transforms' state (step counts, returns)
-is the worker's: a step continues from the root this env returned, not from a root the caller edited.
+Anything else (another transform, nested keys, two ``StepCounter``, a reward whose dtype the transform changes,
+nested or several done groups, an output whose shape is not the spec's) keeps TorchRL's ``TransformedEnv``
+(:func:`why_not_native` says why). As with TorchRL's road in a worker, the transforms' state (frame stacks, step
+counts, returns) is the worker's: a step continues from the root this env returned, not from a root the caller
+edited.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.envs import Compose, DoubleToFloat, Transform
-from torchrl.envs.transforms import InitTracker, RewardSum, StepCounter
+from torchrl.envs import Transform
 
 from .engine.shared import BufferViews, EnvSpecs, allocate_buffers
+from .libs.envbase import transform_parts
+from .native_ops import AFTER_CAST, DONE_KEYS, CastOnCopy, CountSteps, Op, op_for
 
-DONE_KEYS = {"done", "terminated", "truncated"}
-
-
-def transform_parts(transform: Transform) -> list[Transform]:
-    """``transform`` and, for a ``Compose``, its transforms (recursively), in order."""
-    if isinstance(transform, Compose):
-        return [part for inner in transform.transforms for part in transform_parts(inner)]
-    return [transform]
+__all__ = ["NativeTransformedGroup", "native_ops_of", "transform_parts", "why_not_native"]
 
 
-def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) -> str | None:
-    """Why ``transform`` (over envs of specs ``base``, giving ``transformed``) cannot run natively; None if it can."""
+def native_ops_of(transform: Transform, base: EnvSpecs, transformed: EnvSpecs, k: int) -> list[Op] | str:
+    """The ops that run ``transform`` natively over ``k`` envs of specs ``base`` (giving ``transformed``), or why
+    there are none (a few words)."""
     parts = transform_parts(transform)
+    ops = []
     for part in parts:
-        kind = type(part)
-        if kind is InitTracker:
-            if part.init_key != "is_init":
-                return "InitTracker with another init_key"
-        elif kind is StepCounter:
-            if part.step_count_key != "step_count" or part.truncated_key != "truncated":
-                return "StepCounter with another step_count_key or truncated_key"
-        elif kind is RewardSum:
-            if [*part.in_keys] != ["reward"] or [*part.out_keys] != ["episode_reward"]:
-                return "RewardSum with other keys"
-        elif kind is not DoubleToFloat:
-            return f"{kind.__name__} has no native version"
-    if sum(type(part) is StepCounter for part in parts) > 1:
+        op = op_for(part, k, base.reward["reward"].dtype if "reward" in base.reward.keys() else torch.float32)
+        if isinstance(op, str):
+            return op
+        ops.append(op)
+    if sum(isinstance(op, CountSteps) for op in ops) > 1:
         return "two StepCounter"
-    if set(base.done.keys(True, True)) != DONE_KEYS or set(transformed.done.keys(True, True)) != DONE_KEYS:
+    casts = [i for i, op in enumerate(ops) if isinstance(op, CastOnCopy)]
+    if casts and not all(isinstance(op, AFTER_CAST) for op in ops[casts[0]:]):
+        return "an image transform after DoubleToFloat"
+    if set(base.done.keys(True, True)) != set(DONE_KEYS) or set(transformed.done.keys(True, True)) != set(DONE_KEYS):
         return "done flags other than one done / terminated / truncated group"
     if [*base.reward.keys(True, True)] != ["reward"] or [*transformed.reward.keys(True, True)] != ["reward"]:
         return "a reward other than one 'reward' entry"
@@ -68,15 +60,45 @@ def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) 
         return "the transform changes the reward's dtype"
     if base.batch_shape or transformed.batch_shape:
         return "batched envs"
-    added = set(transformed.observation.keys(True, True)) - set(base.observation.keys(True, True))
-    expected = {name for name, kind in (("is_init", InitTracker), ("step_count", StepCounter),
-                                        ("episode_reward", RewardSum))
-                if any(type(part) is kind for part in parts)}
-    if added != expected:
-        return f"observation entries {sorted(map(str, added))} where {sorted(expected)} were expected"
     if set(transformed.action.keys(True, True)) != set(base.action.keys(True, True)):
         return "the transform changes the action entries"
+    if not all(isinstance(key, str) for key in base.observation.keys(True, True)):
+        return "nested observation entries"
+    return _dry_run(parts, base, transformed) or ops
+
+
+def _dry_run(parts: list[Transform], base: EnvSpecs, transformed: EnvSpecs) -> str | None:
+    """Run fresh ops of ``parts`` once over zeros of ``base``'s specs (a reset, then a step): None when they give
+    exactly the transformed specs' entries, shapes and dtypes (a ``DoubleToFloat`` cast aside); else what differs."""
+    ops = [op_for(part, 1, base.reward["reward"].dtype) for part in parts]
+    buffers = allocate_buffers(base, 1, shared=False)
+    target = allocate_buffers(transformed, 1, shared=False)
+    root = {key: value for key, value in buffers.get("root").items() if key not in DONE_KEYS}
+    nxt = dict(buffers.get("next").items())
+    try:
+        for op in ops:
+            op.reset(root, torch.ones(1, 1, dtype=torch.bool))
+        for op in ops:
+            op.step(nxt)
+    except Exception as error:  # noqa: BLE001 - an op that cannot run on these entries: TorchRL's road
+        return f"the native ops fail on these entries ({type(error).__name__}: {error})"
+    for tree, out in (("root", root), ("next", nxt)):
+        expected = {key: value for key, value in target.get(tree).items() if not (tree == "root" and key in DONE_KEYS)}
+        if set(out) != set(expected):
+            return f"{tree} entries {sorted(out)} where the specs have {sorted(expected)}"
+        for key, value in expected.items():
+            got = out[key]
+            cast = got.dtype == torch.float64 and value.dtype == torch.float32
+            if got.shape != value.shape or not (got.dtype == value.dtype or cast):
+                return (f"{tree} entry {key!r}: {tuple(got.shape)} {got.dtype} where the specs have "
+                        f"{tuple(value.shape)} {value.dtype}")
     return None
+
+
+def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) -> str | None:
+    """Why ``transform`` (over envs of specs ``base``, giving ``transformed``) cannot run natively; None if it can."""
+    ops = native_ops_of(transform, base, transformed, 1)
+    return ops if isinstance(ops, str) else None
 
 
 class NativeTransformedGroup:
@@ -84,28 +106,28 @@ class NativeTransformedGroup:
     :class:`~.engine.group.EnvGroup`'s interface for the worker (as :class:`~.worker_transforms.TransformedGroup`).
 
     ``group``: the envs; ``env``: TorchRL's ``TransformedEnv`` over them (its specs are this group's; closing it
-    closes the envs); ``specs``: one env's transformed specs. The envs write into ``[k]`` local buffers of their
-    own specs (``base``); each step and reset then writes the transformed ``[k]`` rows of the shared buffers.
+    closes the envs); ``specs``: one env's transformed specs; ``ops``: from :func:`native_ops_of`. The envs write
+    into ``[k]`` local buffers of their own specs (``base``); each step and reset then writes the transformed ``[k]``
+    rows of the shared buffers (see the module docstring).
     """
 
     block = None
 
-    def __init__(self, group, env, specs: EnvSpecs, transform: Transform):
+    def __init__(self, group, env, specs: EnvSpecs, ops: list[Op]):
         self.inner = group
         self.env = env
         self.specs = specs
         self.has_objects = False
         self._k = len(group)
-        parts = transform_parts(transform)
-        self._parts = {type(part) for part in parts}
-        counter = next((part for part in parts if type(part) is StepCounter), None)
-        self._max_steps = None if counter is None else counter.max_steps
-        self._update_done = counter is not None and counter.update_done
+        self._ops = ops
         self._base = allocate_buffers(group.specs, self._k, shared=False)
         group.bind(self._base)
-        # state carried from root to next: [k, 1] each, as TorchRL's entries
-        self._step_count = torch.zeros(self._k, 1, dtype=torch.int64)
-        self._episode_reward = torch.zeros(self._k, 1, dtype=specs.reward["reward"].dtype)
+        base_root, base_next = self._base.get("root"), self._base.get("next")
+        #: the envs' own entries, views of the local buffers: what the ops start from
+        self._reset_entries = {key: value for key, value in base_root.items() if key not in DONE_KEYS}
+        self._step_entries = dict(base_next.items())
+        self._base_done = base_next.get("done")
+        self._all = torch.ones(self._k, 1, dtype=torch.bool)
 
     def __len__(self) -> int:
         return self._k
@@ -113,16 +135,13 @@ class NativeTransformedGroup:
     def bind(self, buffers: TensorDictBase) -> None:
         """Take the worker's ``[k]`` rows of the shared buffers: the transformed outputs go there."""
         views = BufferViews(buffers)
-        self._root, self._next, self._action = views.root, views.next, views.action
-        base_root, base_next = self._base.get("root"), self._base.get("next")
-        # (shared buffer, base buffer) of every entry the envs give, cast on copy where the transform casts it
-        self._root_copies = [(self._root.get(key), base_root.get(key)) for key in base_root.keys(True, True)]
-        self._next_copies = [(self._next.get(key), base_next.get(key)) for key in base_next.keys(True, True)]
+        shared_root, shared_next = views.root, views.next
+        #: (key, shared buffer) of every entry written after a step, after a reset
+        self._next_targets = [(key, shared_next.get(key)) for key in shared_next.keys()]
+        self._root_targets = [(key, shared_root.get(key)) for key in shared_root.keys() if key not in DONE_KEYS]
         base_action = self._base.get("action")
-        self._action_copies = [(base_action.get(key), self._action.get(key)) for key in base_action.keys(True, True)]
-        self._reward = base_next.get("reward")
-        self._done = base_next.get("done")
-        self._truncated = base_next.get("truncated")
+        # (base buffer, shared buffer) of each action entry: cast on copy where the transform casts it
+        self._action_copies = [(base_action.get(key), views.action.get(key)) for key in base_action.keys(True, True)]
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         return self.inner.set_seed(seed, static_seed)
@@ -132,23 +151,19 @@ class NativeTransformedGroup:
         True; the root rows of all ``k`` envs are written, as TorchRL's partial reset returns them."""
         if mask is None or mask.all():
             self.inner.reset()
-            reset = torch.ones(self._k, 1, dtype=torch.bool)
+            self._write_reset(self._all)
         elif mask.any():
             self.inner.reset(mask)
-            reset = torch.from_numpy(mask.reshape(self._k, 1).copy())
-        else:
-            return None
-        for shared, base in self._root_copies:
-            shared.copy_(base)
-        if InitTracker in self._parts:
-            self._root.get("is_init").copy_(reset)
-        if StepCounter in self._parts:
-            self._step_count.masked_fill_(reset, 0)
-            self._root.get("step_count").copy_(self._step_count)
-        if RewardSum in self._parts:
-            self._episode_reward.masked_fill_(reset, 0)
-            self._root.get("episode_reward").copy_(self._episode_reward)
+            self._write_reset(torch.from_numpy(mask.reshape(self._k, 1).copy()))
         return None
+
+    def _write_reset(self, mask: torch.Tensor) -> None:
+        """The ops' reset outputs (``mask``: the rows reset, bool ``[k, 1]``) into the shared root rows."""
+        data = dict(self._reset_entries)
+        for op in self._ops:
+            op.reset(data, mask)
+        for key, shared in self._root_targets:
+            shared.copy_(data[key])
 
     def step(self, mask: np.ndarray | None = None) -> list | None:
         """Step every env (a ``mask`` must hold all of them, as with TorchRL's road in a worker)."""
@@ -162,41 +177,21 @@ class NativeTransformedGroup:
         for base, shared in self._action_copies:
             base.copy_(shared)
         self.inner.step()
-        ended = self._done
-        if self._max_steps is not None:
-            ended = self._count_out()
-        for shared, base in self._next_copies:
-            shared.copy_(base)
-        for shared, base in self._root_copies:
-            shared.copy_(base)
-        if InitTracker in self._parts:
-            self._next.get("is_init").zero_()
-            self._root.get("is_init").copy_(ended)
-        if StepCounter in self._parts:
-            self._step_count.add_(1)
-            self._next.get("step_count").copy_(self._step_count)
-            self._step_count.masked_fill_(ended, 0)
-            self._root.get("step_count").copy_(self._step_count)
-        if RewardSum in self._parts:
-            self._episode_reward.add_(self._reward)
-            self._next.get("episode_reward").copy_(self._episode_reward)
-            self._episode_reward.masked_fill_(ended, 0)
-            self._root.get("episode_reward").copy_(self._episode_reward)
-        return None
-
-    def _count_out(self) -> torch.Tensor:
-        """``StepCounter(max_steps)``: truncate (in the base buffers' ``"next"``) the envs whose count reaches
-        ``max_steps``, reset those that had not ended (their reset state in the base root), and return the done
-        flags ``[k, 1]`` that end episodes, as TorchRL's ``_step`` and ``step_and_maybe_reset`` give them."""
-        reached = self._step_count + 1 >= self._max_steps
-        truncated = reached | self._truncated
-        ended = truncated | self._done if self._update_done else self._done
-        cut = reached & ~self._done
-        self._truncated.copy_(truncated)
-        self._done.copy_(ended)
-        if self._update_done and cut.any():
+        data = dict(self._step_entries)
+        for op in self._ops:
+            op.step(data)
+        for key, shared in self._next_targets:
+            shared.copy_(data[key])
+        ended = data["done"]
+        if not ended.any():
+            for key, shared in self._root_targets:
+                shared.copy_(data[key])
+            return None
+        cut = ended & ~self._base_done  # truncated by a StepCounter: not reset by its env's own road
+        if cut.any():
             self.inner.reset(cut.numpy())
-        return ended
+        self._write_reset(ended.clone())
+        return None
 
     def objects_of(self, touched) -> None:
         return None

@@ -32,8 +32,8 @@ from torchrl.envs import Compose, Transform, TransformedEnv
 
 from .engine.errors import ArgumentError, sendable
 from .engine.shared import BufferViews, EnvSpecs
-from .libs.envbase import TorchRLStepper
-from .native_transforms import NativeTransformedGroup, transform_parts, why_not_native
+from .libs.envbase import TorchRLStepper, transform_parts
+from .native_transforms import NativeTransformedGroup, native_ops_of
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +93,12 @@ class WorkerTransform:
             group.close()
             raise
         transformed = TransformedGroup(group, transform, self.owner)
-        reason = why_not_native(transform, group.specs, transformed.specs)
-        if reason is not None:
-            logger.debug("%s: worker transform on TorchRL's TransformedEnv: %s", self.owner, reason)
+        ops = native_ops_of(transform, group.specs, transformed.specs, len(group))
+        if isinstance(ops, str):
+            logger.debug("%s: worker transform on TorchRL's TransformedEnv: %s", self.owner, ops)
             return transformed
         logger.debug("%s: worker transform native", self.owner)
-        return NativeTransformedGroup(group, transformed.env, transformed.specs, transform)
+        return NativeTransformedGroup(group, transformed.env, transformed.specs, ops)
 
 
 def _unbatched(spec):

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from torchrl.envs import Compose, DoubleToFloat, TransformedEnv
+from torchrl.envs import CatFrames, Compose, DoubleToFloat, TransformedEnv
 from torchrl.envs import SerialEnv as TorchRLSerialEnv
 from torchrl.envs.transforms import InitTracker, RewardSum, StepCounter
 
@@ -18,7 +18,8 @@ from tdcollect.envs.engine.group import EnvGroup
 from tdcollect.envs.libs import registered
 from tdcollect.envs.native_transforms import NativeTransformedGroup, why_not_native
 from tdcollect.envs.worker_transforms import TransformedGroup, WorkerTransform
-from tests.test_gymenv_road import actions_for, assert_same, gym_env, run_loop
+from tests.test_gymenv_road import actions_for, assert_same, atari_gym_env, gym_env, run_loop
+from tests.test_worker_transforms import atari_transforms, torchvision_for_resize  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -96,12 +97,59 @@ def test_the_native_road_is_taken_where_it_covers_the_transforms():
             group.close()
 
 
+def ppo_atari_transforms(max_steps: int = 40):
+    """TorchRL's PPO-Atari transforms that run per env (``utils_atari.make_parallel_env``'s, ``VecNorm`` left out:
+    its statistics span the envs), with a ``StepCounter`` that truncates some episodes."""
+    transforms = atari_transforms()[:-1]
+    transforms[6] = StepCounter(max_steps=max_steps)
+    return Compose(*transforms)
+
+
+ATARI = functools.partial(atari_gym_env, "ALE/Breakout-v5", max_episode_steps=70)
+
+
+@pytest.mark.timeout(300)
+def test_the_ppo_atari_transforms_give_torchrls_data(no_leaks):
+    """TorchRL's PPO-Atari env (``make_base_env``: Breakout from pixels under ``NoopResetEnv`` and
+    ``EndOfLifeTransform``) under its pixel transforms, all native in the worker, against TorchRL's own
+    ``TransformedEnv(SerialEnv(...))``: 1 worker x 4 envs (the noops draw from the worker's torch RNG, seeded by
+    ``set_seed`` as this process's is here), 100 steps with episode ends, lives lost, ``StepCounter`` truncations
+    and a partial reset."""
+    pytest.importorskip("ale_py")
+    theirs_env = TransformedEnv(TorchRLSerialEnv(4, ATARI), ppo_atari_transforms())
+    try:
+        actions = actions_for(theirs_env, 100)
+        theirs, theirs_partial = run_loop(theirs_env, actions, seed_this_process=True)
+    finally:
+        theirs_env.close()
+    with ParallelEnv(1, ATARI, envs_per_worker=4, worker_transform=ppo_atari_transforms) as env:
+        assert env.full_observation_spec == theirs_env.full_observation_spec.cpu()
+        assert all(road.startswith("native") for road in env.roads()), env.roads()
+        ours, ours_partial = run_loop(env, actions)
+    nxt = theirs["next"]
+    assert nxt["done"].any() and (nxt["step_count"] == 40).any(), "episode ends and truncations are needed"
+    assert (nxt["end-of-life"] & ~nxt["done"]).any(), "a life lost inside an episode is needed"
+    assert_same(ours, theirs, "PPO-Atari transforms, steps")
+    assert_same(ours_partial, theirs_partial, "PPO-Atari transforms, partial reset")
+
+
+def test_the_ppo_atari_transforms_take_the_native_road():
+    pytest.importorskip("ale_py")
+    group = group_of(ATARI, ppo_atari_transforms())
+    try:
+        assert isinstance(group, NativeTransformedGroup)
+    finally:
+        group.close()
+
+
 @pytest.mark.parametrize("transform, reason", [
     (lambda: StepCounter(step_count_key="steps"), "step_count_key"),
     (lambda: Compose(StepCounter(), StepCounter(step_count_key="steps")), "step_count_key"),
     (lambda: InitTracker(init_key="first"), "init_key"),
     (lambda: Compose(InitTracker(), TorchRLRewardSum()), "TorchRLRewardSum has no native version"),
     (lambda: RewardSum(in_keys=["reward"], out_keys=["ret"]), "RewardSum with other keys"),
+    (lambda: CatFrames(N=2, dim=-1, in_keys=["observation"], padding="constant"), "padding='same'"),
+    (lambda: Compose(DoubleToFloat(), CatFrames(N=2, dim=-1, in_keys=["observation"])), "after DoubleToFloat"),
 ])
 def test_why_not_native_names_the_reason(transform, reason):
     make = CASES["pendulum-float32"]

@@ -1,0 +1,310 @@
+"""Engine-native versions of the TorchRL transforms that TorchRL's scripts run per env, one op per transform, for a
+worker's ``k`` envs (:class:`~.native_transforms.NativeTransformedGroup` runs them in the transform's order).
+
+An op reads and writes ``data``, a dict ``{key: tensor [k, ...]}`` of one step's entries: ``step(data)`` on a step's
+``"next"`` entries (observations, ``"reward"``, ``"done"`` / ``"terminated"`` / ``"truncated"``), ``reset(data,
+mask)`` on the reset entries (observations) with ``mask`` (bool ``[k, 1]``) the rows reset, as TorchRL's
+``_step`` / ``_call`` and ``_reset`` see them. An op never changes a tensor it is given (it puts a new one, or one of
+its own, under the key), and what it puts there is copied into the shared buffers before its next call. Each op
+gives TorchRL's values: the stateless ones call the transform's own ``_apply_transform`` on the ``[k]`` batch (the
+per-image code is TorchRL's, without the TensorDict around it); the stateful ones keep their state ``[k, ...]`` and
+reset the rows a reset names, as TorchRL's do.
+
+:func:`op_for` builds the op of one transform, or says why it has none (then the worker keeps TorchRL's
+``TransformedEnv``):
+
+* ``RenameTransform(in_keys, out_keys, create_copy)``: the entries renamed (kept too with ``create_copy``);
+* ``ToTensorImage`` (float32), ``GrayScale``, ``Resize``, ``SignTransform``: their ``_apply_transform`` at each step
+  and reset (a uint8 frame's ``ToTensorImage`` is TorchRL's ``permute(...).div(255)`` written into a contiguous
+  buffer: the next image op reads it several times faster than TorchRL's channels-last result);
+* ``CatFrames(N, dim, padding="same")``: the last ``N`` frames along ``dim``, a reset row filled with its frame;
+* ``InitTracker()``, ``StepCounter(max_steps, update_done)``, ``RewardSum()``: ``"is_init"``, ``"step_count"``
+  (truncating and ending episodes at ``max_steps``), ``"episode_reward"``;
+* ``DoubleToFloat(...)``: nothing here; the copy into the shared buffers (declared with TorchRL's float32) casts as
+  TorchRL does (``copy_`` rounds as ``Tensor.to``). Only ops that read no entry it casts may follow it.
+"""
+from __future__ import annotations
+
+import torch
+from torchrl.envs import DoubleToFloat, Transform
+from torchrl.envs.transforms import (
+    CatFrames,
+    GrayScale,
+    InitTracker,
+    RenameTransform,
+    Resize,
+    RewardSum,
+    SignTransform,
+    StepCounter,
+    ToTensorImage,
+)
+
+DONE_KEYS = ("done", "terminated", "truncated")
+
+
+class Op:
+    """One transform's native version (see the module docstring). ``writes``: the keys it adds to the observation
+    entries; ``removes``: those it takes away; ``reads``: those it needs."""
+
+    reads: tuple = ()
+    writes: tuple = ()
+    removes: tuple = ()
+
+    def step(self, data: dict) -> None:
+        raise NotImplementedError
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class Rename(Op):
+    def __init__(self, transform: RenameTransform):
+        self.pairs = list(zip(transform.in_keys, transform.out_keys))
+        self.reads = tuple(transform.in_keys)
+        self.writes = tuple(transform.out_keys)
+        self.removes = () if transform.create_copy else tuple(transform.in_keys)
+
+    def step(self, data: dict) -> None:
+        for in_key, out_key in self.pairs:
+            value = data.pop(in_key) if self.removes else data[in_key]
+            data[out_key] = value
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        for in_key, out_key in self.pairs:
+            if in_key in data:
+                data[out_key] = data.pop(in_key) if self.removes else data[in_key]
+
+
+class Apply(Op):
+    """A stateless transform whose ``_call`` writes ``_apply_transform(data[in_key])`` under each ``out_key``, at
+    each step, and at each reset for the keys the reset entries hold (TorchRL's reset is missing-tolerant)."""
+
+    def __init__(self, transform: Transform, contiguous: bool = False):
+        self.transform = transform
+        self.pairs = list(zip(transform.in_keys, transform.out_keys))
+        self.reads = tuple(transform.in_keys)
+        self.writes = tuple(transform.out_keys)
+        self._contiguous = contiguous
+
+    def _apply(self, value: torch.Tensor) -> torch.Tensor:
+        out = self.transform._apply_transform(value)
+        return out.contiguous() if self._contiguous else out
+
+    def step(self, data: dict) -> None:
+        for in_key, out_key in self.pairs:
+            data[out_key] = self._apply(data[in_key])
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        for in_key, out_key in self.pairs:
+            if in_key in data:
+                data[out_key] = self._apply(data[in_key])
+
+
+class ToImage(Apply):
+    """``ToTensorImage`` of a uint8 ``[..., H, W, C]`` frame into float32 ``[..., C, H, W]``: TorchRL's
+    ``permute(...).div(255)``, written into a contiguous buffer of this op (TorchRL's result keeps the frame's
+    channels-last memory, which the next image op reads several times slower). Other inputs: TorchRL's
+    ``_apply_transform``, made contiguous."""
+
+    def __init__(self, transform: ToTensorImage):
+        super().__init__(transform, contiguous=True)
+        self._buffers: dict = {}
+
+    def _apply(self, value: torch.Tensor) -> torch.Tensor:
+        if value.dtype != torch.uint8 or self.transform.from_int is False or value.dim() < 3:
+            return super()._apply(value)
+        image = value.permute(*range(value.dim() - 3), -1, -3, -2)
+        out = self._buffers.get(image.shape)
+        if out is None:
+            out = self._buffers[image.shape] = torch.empty(image.shape, dtype=torch.float32)
+        return torch.div(image, 255, out=out)
+
+
+class Gray(Apply):
+    """``GrayScale`` of float32 ``[..., 3, H, W]`` images: TorchRL's ``0.2989 * r + 0.587 * g + 0.114 * b``, the same
+    float32 operations in the same order, written into buffers of this op (TorchRL's allocates five ``[..., H, W]``
+    tensors a call, which between env steps cost more than the arithmetic). Other inputs: TorchRL's
+    ``_apply_transform``."""
+
+    def __init__(self, transform: GrayScale):
+        super().__init__(transform)
+        self._buffers: dict = {}
+
+    def _apply(self, value: torch.Tensor) -> torch.Tensor:
+        if value.dtype != torch.float32 or value.dim() < 3 or value.shape[-3] != 3:
+            return super()._apply(value)
+        buffers = self._buffers.get(value.shape)
+        if buffers is None:
+            plane = (*value.shape[:-3], *value.shape[-2:])
+            buffers = self._buffers[value.shape] = (torch.empty(plane), torch.empty(plane),
+                                                    torch.empty((*value.shape[:-3], 1, *value.shape[-2:])))
+        total, term, out = buffers
+        red, green, blue = value.unbind(-3)
+        torch.mul(red, 0.2989, out=total)
+        torch.mul(green, 0.587, out=term)
+        total.add_(term)
+        torch.mul(blue, 0.114, out=term)
+        torch.add(total, term, out=out.squeeze(-3))
+        return out
+
+
+class StackFrames(Op):
+    """``CatFrames(N, dim, padding="same")``: per key, a buffer of the last ``N`` frames along ``dim`` (``N`` times
+    the frame's size there); a step shifts it by one frame and puts the new one last, a reset fills its rows with
+    ``N`` copies of the reset frame. The buffer is the output (copied out before the next call)."""
+
+    def __init__(self, transform: CatFrames):
+        self.pairs = list(zip(transform.in_keys, transform.out_keys))
+        self.reads = tuple(transform.in_keys)
+        self.writes = tuple(transform.out_keys)
+        self.n = transform.N
+        self.dim = transform.dim
+        self._buffers: dict = {}  # in_key -> [current, spare]: the spare takes the next step's frames
+
+    def _buffer(self, key, frame: torch.Tensor) -> list:
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            shape = list(frame.shape)
+            shape[self.dim] *= self.n
+            buffers = self._buffers[key] = [frame.new_zeros(shape), frame.new_zeros(shape)]
+        return buffers
+
+    def step(self, data: dict) -> None:
+        for in_key, out_key in self.pairs:
+            frame = data[in_key]
+            buffers = self._buffer(in_key, frame)
+            current, spare = buffers
+            size = frame.shape[self.dim]
+            kept = current.narrow(self.dim, size, current.shape[self.dim] - size)
+            torch.cat([kept, frame], dim=self.dim, out=spare)
+            buffers.reverse()
+            data[out_key] = spare
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        for in_key, out_key in self.pairs:
+            if in_key not in data:
+                continue
+            frame = data[in_key]
+            buffers = self._buffer(in_key, frame)
+            current = buffers[0]
+            repeats = [1] * frame.dim()
+            repeats[self.dim] = self.n
+            if mask.all():
+                current.copy_(frame.repeat(repeats))
+            else:
+                rows = mask.reshape(-1)
+                current[rows] = frame[rows].repeat(repeats)
+            data[out_key] = current
+
+
+class InitFlag(Op):
+    """``InitTracker()``: ``"is_init"`` True in a reset's rows, False elsewhere and at every step."""
+
+    writes = ("is_init",)
+
+    def __init__(self, k: int):
+        self._false = torch.zeros(k, 1, dtype=torch.bool)
+
+    def step(self, data: dict) -> None:
+        data["is_init"] = self._false
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        data["is_init"] = mask
+
+
+class CountSteps(Op):
+    """``StepCounter(max_steps, update_done)``: ``"step_count"`` (int64 ``[k, 1]``), 0 after a reset, one more at
+    each step; with ``max_steps``, a count that reaches it sets ``"truncated"`` (and ``"done"`` with
+    ``update_done``), as TorchRL's ``_step`` does."""
+
+    writes = ("step_count",)
+    reads = ("done", "truncated")
+
+    def __init__(self, transform: StepCounter, k: int):
+        self.max_steps = transform.max_steps
+        self.update_done = transform.update_done
+        self._count = torch.zeros(k, 1, dtype=torch.int64)
+
+    def step(self, data: dict) -> None:
+        self._count.add_(1)
+        data["step_count"] = self._count
+        if self.max_steps is None:
+            return
+        truncated = (self._count >= self.max_steps) | data["truncated"]
+        data["truncated"] = truncated
+        if self.update_done:
+            data["done"] = truncated | data["done"]
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        self._count.masked_fill_(mask, 0)
+        data["step_count"] = self._count
+
+
+class SumRewards(Op):
+    """``RewardSum()``: ``"episode_reward"``, 0 after a reset, plus the step's ``"reward"`` (as it is at this op's
+    place in the transform) at each step."""
+
+    writes = ("episode_reward",)
+    reads = ("reward",)
+
+    def __init__(self, k: int, dtype: torch.dtype):
+        self._sum = torch.zeros(k, 1, dtype=dtype)
+
+    def step(self, data: dict) -> None:
+        self._sum.add_(data["reward"])
+        data["episode_reward"] = self._sum
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        self._sum.masked_fill_(mask, 0)
+        data["episode_reward"] = self._sum
+
+
+class CastOnCopy(Op):
+    """``DoubleToFloat``: the copy into the shared buffers casts (see the module docstring)."""
+
+    def step(self, data: dict) -> None:
+        return None
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        return None
+
+
+#: the ops that may follow a DoubleToFloat: they read no observation it casts
+AFTER_CAST = (InitFlag, CountSteps, SumRewards, CastOnCopy)
+
+
+def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
+    """The native op of ``transform`` for ``k`` envs, or why it has none (a few words)."""
+    kind = type(transform)
+    if kind is InitTracker:
+        return InitFlag(k) if transform.init_key == "is_init" else "InitTracker with another init_key"
+    if kind is StepCounter:
+        if transform.step_count_key != "step_count" or transform.truncated_key != "truncated":
+            return "StepCounter with another step_count_key or truncated_key"
+        return CountSteps(transform, k)
+    if kind is RewardSum:
+        if [*transform.in_keys] != ["reward"] or [*transform.out_keys] != ["episode_reward"]:
+            return "RewardSum with other keys"
+        return SumRewards(k, reward_dtype)
+    if kind is DoubleToFloat:
+        return CastOnCopy()
+    keys = [*transform.in_keys, *transform.out_keys]
+    if not all(isinstance(key, str) for key in keys):
+        return f"{kind.__name__} with nested keys"
+    if [*transform.in_keys_inv] or [*transform.out_keys_inv]:
+        return f"{kind.__name__} with inverse keys (it changes the actions)"
+    if kind is RenameTransform:
+        return Rename(transform)
+    if kind is ToTensorImage:
+        if transform.unsqueeze or transform.shape_tolerant or transform.dtype != torch.float32:
+            return "ToTensorImage with unsqueeze, shape_tolerant or a dtype other than float32"
+        return ToImage(transform)
+    if kind is GrayScale:
+        return Gray(transform)
+    if kind in (Resize, SignTransform):
+        return Apply(transform)
+    if kind is CatFrames:
+        if transform.padding != "same" or transform.as_inverse or transform.future or transform.mask_key is not None:
+            return "CatFrames other than padding='same' on the env's steps"
+        return StackFrames(transform)
+    return f"{kind.__name__} has no native version"
