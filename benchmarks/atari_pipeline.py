@@ -11,6 +11,11 @@ Systems (8 envs each):
 * ``ours_main_8x1`` / ``ours_workers_8x1`` - the same function with our ``ParallelEnv`` imported in its place,
   transforms in this process / moved into the workers (``move_transforms_to_workers``: ``VecNorm`` stays here);
 * ``ours_main_2x4`` / ``ours_workers_2x4`` - the same with 2 workers of 4 envs;
+* ``ours_workers_2x4_no_tail`` - ``ours_workers_2x4`` without what stays in this process (TorchRL's
+  ``TransformedEnv`` and ``VecNorm``): the moved ``ParallelEnv`` alone;
+* ``ours_env_2x4`` - the envs alone (``make_base_env`` in 2 workers of 4, no pipeline transforms): with the row above,
+  where a step's time goes (the envs, the transforms in the workers, this process's ``TransformedEnv`` and
+  ``VecNorm``);
 * ``envpool`` - EnvPool's ``Pong-v5`` (84x84x4, its own C++ preprocessing), 2 threads;
 * ``serial`` - gymnasium's ``SyncVectorEnv`` of ``AtariPreprocessing`` + frame stack, one process.
 
@@ -35,7 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "benchmarks" / "sota_standins"
 ENV_NAME = "ALE/Pong-v5"
 NUM_ENVS = 8
-SYSTEMS = ["torchrl", "ours_main_8x1", "ours_workers_8x1", "ours_main_2x4", "ours_workers_2x4", "envpool", "serial"]
+SYSTEMS = ["torchrl", "ours_main_8x1", "ours_workers_8x1", "ours_main_2x4", "ours_workers_2x4",
+           "ours_workers_2x4_no_tail", "ours_env_2x4", "envpool", "serial"]
 
 
 def _use_standins() -> None:
@@ -63,10 +69,15 @@ def build(system: str, utils):
     """The env of ``system`` (a TorchRL env, except ``envpool`` / ``serial``: gymnasium vector envs)."""
     if system == "torchrl":
         return utils.make_parallel_env(ENV_NAME, NUM_ENVS, "cpu", "gymnasium")
+    if system == "ours_env_2x4":
+        from tdcollect.envs import ParallelEnv
+
+        return ParallelEnv(2, lambda: utils.make_base_env(ENV_NAME, gym_backend="gymnasium"),
+                           envs_per_worker=NUM_ENVS // 2)
     if system.startswith("ours_"):
         from tdcollect.envs import ParallelEnv, move_transforms_to_workers
 
-        workers = 8 if system.endswith("8x1") else 2
+        workers = 8 if "8x1" in system else 2
         torchrl_parallel = utils.ParallelEnv
         utils.ParallelEnv = lambda num_envs, *args, **kwargs: ParallelEnv(workers, *args,
                                                                            envs_per_worker=num_envs // workers,
@@ -75,7 +86,10 @@ def build(system: str, utils):
             env = utils.make_parallel_env(ENV_NAME, NUM_ENVS, "cpu", "gymnasium")
         finally:
             utils.ParallelEnv = torchrl_parallel
-        return move_transforms_to_workers(env) if "_workers_" in system else env
+        if "_workers_" not in system:
+            return env
+        moved = move_transforms_to_workers(env)
+        return moved.base_env if system.endswith("_no_tail") else moved
     from benchmarks import anchors
 
     if system == "envpool":

@@ -34,7 +34,7 @@ from .engine.shared import BufferViews, EnvSpecs, allocate_buffers
 from .libs.envbase import transform_parts
 from .native_ops import AFTER_CAST, DONE_KEYS, CastOnCopy, CountSteps, Op, op_for
 
-__all__ = ["NativeTransformedGroup", "native_ops_of", "transform_parts", "why_not_native"]
+__all__ = ["GroupUnderTransform", "NativeTransformedGroup", "native_ops_of", "transform_parts", "why_not_native"]
 
 
 def native_ops_of(transform: Transform, base: EnvSpecs, transformed: EnvSpecs, k: int) -> list[Op] | str:
@@ -101,7 +101,39 @@ def why_not_native(transform: Transform, base: EnvSpecs, transformed: EnvSpecs) 
     return ops if isinstance(ops, str) else None
 
 
-class NativeTransformedGroup:
+class GroupUnderTransform:
+    """What a worker's ``k`` envs under a transform (``inner``, an :class:`~.engine.group.EnvGroup`) offer the worker
+    alike, natively or through TorchRL's ``TransformedEnv``: its length, the envs' posts and attributes, and the
+    refusal of a partial step. ``owner`` names the batched env in errors."""
+
+    block = None  # its envs never step as one block of raw frames: the transforms come between
+    inner = None
+    owner = "ParallelEnv"
+    _k = 0
+
+    def __len__(self) -> int:
+        return self._k
+
+    def refuse_partial_step(self, mask: np.ndarray | None) -> None:
+        """An :class:`~tdcollect.envs.errors.ArgumentError` unless ``mask`` (bool ``[k]``) is None or all True: the
+        transform steps the worker's envs together."""
+        if mask is not None and not mask.all():
+            from .engine.errors import ArgumentError
+
+            raise ArgumentError(
+                f"{self.owner}: with worker_transform, a worker's {self._k} envs step together; a step of some of "
+                "them (a \"_step\" entry) is not possible. Apply the transform in this process (TransformedEnv) to "
+                "step envs apart.")
+
+    def take_posts(self) -> list | None:
+        return self.inner.take_posts()
+
+    def env_attribute(self, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None) -> list:
+        """Attributes of the envs under the transform (one result per env)."""
+        return self.inner.env_attribute(path, op, args, kwargs)
+
+
+class NativeTransformedGroup(GroupUnderTransform):
     """A worker's ``k`` envs under transforms that :func:`why_not_native` accepts, with an
     :class:`~.engine.group.EnvGroup`'s interface for the worker (as :class:`~.worker_transforms.TransformedGroup`).
 
@@ -111,10 +143,9 @@ class NativeTransformedGroup:
     rows of the shared buffers (see the module docstring).
     """
 
-    block = None
-
-    def __init__(self, group, env, specs: EnvSpecs, ops: list[Op]):
+    def __init__(self, group, env, specs: EnvSpecs, ops: list[Op], owner: str = "ParallelEnv"):
         self.inner = group
+        self.owner = owner
         self.env = env
         self.specs = specs
         self.has_objects = False
@@ -128,9 +159,6 @@ class NativeTransformedGroup:
         self._step_entries = dict(base_next.items())
         self._base_done = base_next.get("done")
         self._all = torch.ones(self._k, 1, dtype=torch.bool)
-
-    def __len__(self) -> int:
-        return self._k
 
     def bind(self, buffers: TensorDictBase) -> None:
         """Take the worker's ``[k]`` rows of the shared buffers: the transformed outputs go there."""
@@ -167,13 +195,7 @@ class NativeTransformedGroup:
 
     def step(self, mask: np.ndarray | None = None) -> list | None:
         """Step every env (a ``mask`` must hold all of them, as with TorchRL's road in a worker)."""
-        if mask is not None and not mask.all():
-            from .engine.errors import ArgumentError
-
-            raise ArgumentError(
-                f"with worker_transform, a worker's {self._k} envs step together; a step of some of them (a "
-                "\"_step\" entry) is not possible. Apply the transform in this process (TransformedEnv) to step envs "
-                "apart.")
+        self.refuse_partial_step(mask)
         for base, shared in self._action_copies:
             base.copy_(shared)
         self.inner.step()
@@ -195,12 +217,6 @@ class NativeTransformedGroup:
 
     def objects_of(self, touched) -> None:
         return None
-
-    def take_posts(self) -> list | None:
-        return self.inner.take_posts()
-
-    def env_attribute(self, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None) -> list:
-        return self.inner.env_attribute(path, op, args, kwargs)
 
     def close(self) -> None:
         self.env.close(raise_if_closed=False)  # closes the SerialEnv, which closes the group

@@ -33,7 +33,7 @@ from torchrl.envs import Compose, Transform, TransformedEnv
 from .engine.errors import ArgumentError, sendable
 from .engine.shared import BufferViews, EnvSpecs
 from .libs.envbase import TorchRLStepper, transform_parts
-from .native_transforms import NativeTransformedGroup, native_ops_of
+from .native_transforms import GroupUnderTransform, NativeTransformedGroup, native_ops_of
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class WorkerTransform:
             logger.debug("%s: worker transform on TorchRL's TransformedEnv: %s", self.owner, ops)
             return transformed
         logger.debug("%s: worker transform native", self.owner)
-        return NativeTransformedGroup(group, transformed.env, transformed.specs, ops)
+        return NativeTransformedGroup(group, transformed.env, transformed.specs, ops, self.owner)
 
 
 def _unbatched(spec):
@@ -106,14 +106,12 @@ def _unbatched(spec):
     return spec[0].clone()
 
 
-class TransformedGroup:
+class TransformedGroup(GroupUnderTransform):
     """A worker's ``k`` envs under a TorchRL transform, with an :class:`~.engine.group.EnvGroup`'s interface for the
     worker (``specs``: one env's transformed specs; ``bind``, ``step``, ``reset``, ``set_seed``, ...).
 
     ``env``: the ``TransformedEnv`` over a ``SerialEnv`` of batch ``[k]`` holding the group; one
     :class:`~tdcollect.envs.libs.envbase.TorchRLStepper` writes its outputs into the worker's ``[k]`` rows."""
-
-    block = None  # its envs never step as one block of raw frames: the transforms come between
 
     def __init__(self, group, transform: Transform, owner: str):
         from .serial import SerialEnv  # (here: a ParallelEnv imports this module, and SerialEnv is a floor above)
@@ -131,9 +129,6 @@ class TransformedGroup:
                               reward=_unbatched(batched.reward), done=_unbatched(batched.done))
         self.has_objects = self._stepper.has_objects
         self._k = len(group)
-
-    def __len__(self) -> int:
-        return self._k
 
     def bind(self, buffers: TensorDictBase) -> None:
         """Take the worker's ``[k]`` rows of the buffers: the transformed env's outputs go there."""
@@ -154,11 +149,7 @@ class TransformedGroup:
     def step(self, mask: np.ndarray | None = None) -> list | None:
         """Step every env, as one transformed batch. A ``mask`` must hold all of them: the transforms step the
         worker's envs together."""
-        if mask is not None and not mask.all():
-            raise ArgumentError(
-                f"{self.owner}: with worker_transform, a worker's {self._k} envs step together; a step of some of "
-                "them (a \"_step\" entry) is not possible. Apply the transform in this process (TransformedEnv) to "
-                "step envs apart.")
+        self.refuse_partial_step(mask)
         self._stepper.step()
         return self.objects_of(range(self._k))
 
@@ -169,13 +160,6 @@ class TransformedGroup:
         objects = self._stepper.objects
         return [(i, {"root": objects["root"][i], "next": None if objects["next"] is None else objects["next"][i]})
                 for i in touched]
-
-    def take_posts(self) -> list | None:
-        return self.inner.take_posts()
-
-    def env_attribute(self, path: tuple[str, ...], op: str, args: tuple = (), kwargs: dict | None = None) -> list:
-        """Attributes of the envs under the transform (one result per env)."""
-        return self.inner.env_attribute(path, op, args, kwargs)
 
     def close(self) -> None:
         self._stepper.close()  # closes the SerialEnv, which closes the group
