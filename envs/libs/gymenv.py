@@ -234,16 +234,21 @@ def block_stepper(steppers: list, views: BufferViews) -> GymBlockStepper | None:
                            observation_key=key, frame_skip=first.frame_skip)
 
 
+def marked_stepper(env, reason: str | None, native: str, build):
+    """Mark ``env`` with its road (``native``, or TorchRL's step with ``reason``; ``env.roads()`` reads it), log it,
+    and return ``build(env)`` when ``reason`` is None, else None (the TorchRL family steps it)."""
+    road = native if reason is None else f"{TORCHRL_STEP}: {reason}"
+    object.__setattr__(env, ROAD_ATTRIBUTE, road)
+    _LOG.debug("%r takes the road %s", env, road)
+    return build(env) if reason is None else None
+
+
 def _stepper(env) -> GymEnvStepper | None:
     """The native stepper of a TorchRL ``GymEnv`` / ``GymWrapper`` that can take the native road; None for any
     other env (a ``GymEnv`` that cannot is marked with the reason, and stepped by the TorchRL family)."""
     if not isinstance(env, GymWrapper):
         return None
-    reason = why_not_native(env)
-    road = NATIVE if reason is None else f"{TORCHRL_STEP}: {reason}"
-    object.__setattr__(env, ROAD_ATTRIBUTE, road)
-    _LOG.debug("%r takes the road %s", env, road)
-    return GymEnvStepper(env) if reason is None else None
+    return marked_stepper(env, why_not_native(env), NATIVE, GymEnvStepper)
 
 
 FAMILY = Family(name="TorchRL GymEnv", priority=15, stepper=_stepper, block=block_stepper)

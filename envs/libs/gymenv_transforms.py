@@ -21,16 +21,14 @@ ones this env's last root held here (a caller's edit of the root's ``"lives"`` i
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 from torchrl.envs import TransformedEnv
 from torchrl.envs.libs.gym import GymWrapper
 from torchrl.envs.transforms import EndOfLifeTransform, NoopResetEnv
 
-from ..engine.stepper import ROAD_ATTRIBUTE, Family
-from .envbase import TORCHRL_STEP, specs_of, transform_parts
-from .gymenv import GymEnvStepper
+from ..engine.stepper import Family
+from .envbase import specs_of, transform_parts
+from .gymenv import GymEnvStepper, marked_stepper
 from .gymenv import why_not_native as why_not_native_gymenv
 
 NATIVE = "native: the gymnasium env stepped by tdcollect under NoopResetEnv / EndOfLifeTransform, TorchRL's data"
@@ -39,8 +37,6 @@ NATIVE = "native: the gymnasium env stepped by tdcollect under NoopResetEnv / En
 MAX_NOOP_TRIALS = 10
 COVERED = ([NoopResetEnv], [EndOfLifeTransform], [NoopResetEnv, EndOfLifeTransform])
 EOL_KEYS = ("end-of-life", "lives")
-
-_LOG = logging.getLogger("tdcollect.envs")
 
 
 def why_not_native(env: TransformedEnv) -> str | None:
@@ -161,11 +157,7 @@ def _stepper(env) -> TransformedGymEnvStepper | None:
     other env (one over a ``GymEnv`` that cannot is marked with the reason, and stepped by the TorchRL family)."""
     if not isinstance(env, TransformedEnv) or not isinstance(env.base_env, GymWrapper):
         return None
-    reason = why_not_native(env)
-    road = NATIVE if reason is None else f"{TORCHRL_STEP}: {reason}"
-    object.__setattr__(env, ROAD_ATTRIBUTE, road)
-    _LOG.debug("%r takes the road %s", env, road)
-    return TransformedGymEnvStepper(env) if reason is None else None
+    return marked_stepper(env, why_not_native(env), NATIVE, TransformedGymEnvStepper)
 
 
 FAMILY = Family(name="TorchRL GymEnv under per-env transforms", priority=14, stepper=_stepper)
