@@ -14,7 +14,7 @@ from torchrl.envs import EndOfLifeTransform, GymEnv, GymWrapper, NoopResetEnv, S
 from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.libs import gymenv
+from tdcollect.envs.libs import gymenv, gymenv_transforms
 
 STEPS = 100
 PARTIAL_RESET_AT = 57
@@ -135,6 +135,15 @@ def test_the_native_road_gives_torchrls_data(name, no_leaks):
         assert lost.any(), "no life was lost inside an episode: the loop must cross one"
     assert_same(ours, theirs, name)
     assert_same(ours_partial[1], theirs_partial[1], f"{name}, partial reset")
+
+
+def test_an_end_of_life_transform_without_lives_keeps_torchrls_step():
+    """An env without ``unwrapped.ale.lives``: TorchRL's step (which raises as TorchRL does when it reads them)."""
+    env = TransformedEnv(GymEnv("CartPole-v1"), EndOfLifeTransform())
+    try:
+        assert "EndOfLifeTransform finds no lives" in gymenv_transforms.why_not_native(env)
+    finally:
+        env.close()
 
 
 def test_serial_env_and_a_rollout_take_the_same_road():

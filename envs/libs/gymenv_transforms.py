@@ -58,6 +58,10 @@ def why_not_native(env: TransformedEnv) -> str | None:
             if (part.eol_key, part.lives_key, part.done_key) != (*EOL_KEYS, "done"):
                 return "EndOfLifeTransform with other keys"
             added = list(EOL_KEYS)
+            try:
+                _lives_owner(env.base_env, list(part.eol_attribute))
+            except AttributeError as missing:
+                return f"EndOfLifeTransform finds no lives ({missing})"
     base, transformed = specs_of(env.base_env), specs_of(env)
     observed = sorted(set(transformed.observation.keys()) - set(base.observation.keys()))
     if observed != sorted(added) or set(base.observation.keys()) - set(transformed.observation.keys()):
@@ -88,11 +92,7 @@ class TransformedGymEnvStepper(GymEnvStepper):
         self.lives_path = None if eol is None else list(eol.eol_attribute)
         # the object holding the lives (e.g. the ALE interface), reached once: through TorchRL's attribute lookup
         # (its fallback onto the gymnasium env lists the env's attributes: ~0.25 ms a call)
-        self._lives_owner = None
-        if self.lives_path is not None:
-            self._lives_owner = self.base
-            for name in self.lives_path[:-1]:
-                self._lives_owner = getattr(self._lives_owner, name)
+        self._lives_owner = None if self.lives_path is None else _lives_owner(self.base, self.lives_path)
         self._root_lives = 0  # the lives in this env's root: a step that has fewer lost one
 
     def reset(self, seed: int | None = None) -> None:
@@ -150,6 +150,16 @@ class TransformedGymEnvStepper(GymEnvStepper):
         the objects on the way are reached once, when the stepper is built)."""
         lives = getattr(self._lives_owner, self.lives_path[-1])
         return int(lives() if callable(lives) else lives)
+
+
+def _lives_owner(env, path: list[str]):
+    """The object whose attribute ``path[-1]`` holds the lives, reached from the TorchRL env ``env`` through
+    ``path[:-1]`` as ``EndOfLifeTransform`` reaches it (an ``AttributeError`` where it is missing)."""
+    owner = env
+    for name in path[:-1]:
+        owner = getattr(owner, name)
+    getattr(owner, path[-1])
+    return owner
 
 
 def _stepper(env) -> TransformedGymEnvStepper | None:
