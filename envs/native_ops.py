@@ -43,12 +43,7 @@ DONE_KEYS = ("done", "terminated", "truncated")
 
 
 class Op:
-    """One transform's native version (see the module docstring). ``writes``: the keys it adds to the observation
-    entries; ``removes``: those it takes away; ``reads``: those it needs."""
-
-    reads: tuple = ()
-    writes: tuple = ()
-    removes: tuple = ()
+    """One transform's native version (see the module docstring)."""
 
     def step(self, data: dict) -> None:
         raise NotImplementedError
@@ -60,19 +55,17 @@ class Op:
 class Rename(Op):
     def __init__(self, transform: RenameTransform):
         self.pairs = list(zip(transform.in_keys, transform.out_keys))
-        self.reads = tuple(transform.in_keys)
-        self.writes = tuple(transform.out_keys)
-        self.removes = () if transform.create_copy else tuple(transform.in_keys)
+        self.keep = transform.create_copy  # the entries stay under their old keys too
 
     def step(self, data: dict) -> None:
         for in_key, out_key in self.pairs:
-            value = data.pop(in_key) if self.removes else data[in_key]
+            value = data[in_key] if self.keep else data.pop(in_key)
             data[out_key] = value
 
     def reset(self, data: dict, mask: torch.Tensor) -> None:
         for in_key, out_key in self.pairs:
             if in_key in data:
-                data[out_key] = data.pop(in_key) if self.removes else data[in_key]
+                data[out_key] = data[in_key] if self.keep else data.pop(in_key)
 
 
 class Apply(Op):
@@ -82,8 +75,6 @@ class Apply(Op):
     def __init__(self, transform: Transform, contiguous: bool = False):
         self.transform = transform
         self.pairs = list(zip(transform.in_keys, transform.out_keys))
-        self.reads = tuple(transform.in_keys)
-        self.writes = tuple(transform.out_keys)
         self._contiguous = contiguous
 
     def _apply(self, value: torch.Tensor) -> torch.Tensor:
@@ -155,8 +146,6 @@ class StackFrames(Op):
 
     def __init__(self, transform: CatFrames):
         self.pairs = list(zip(transform.in_keys, transform.out_keys))
-        self.reads = tuple(transform.in_keys)
-        self.writes = tuple(transform.out_keys)
         self.n = transform.N
         self.dim = transform.dim
         self._buffers: dict = {}  # in_key -> [current, spare]: the spare takes the next step's frames
@@ -200,8 +189,6 @@ class StackFrames(Op):
 class InitFlag(Op):
     """``InitTracker()``: ``"is_init"`` True in a reset's rows, False elsewhere and at every step."""
 
-    writes = ("is_init",)
-
     def __init__(self, k: int):
         self._false = torch.zeros(k, 1, dtype=torch.bool)
 
@@ -216,9 +203,6 @@ class CountSteps(Op):
     """``StepCounter(max_steps, update_done)``: ``"step_count"`` (int64 ``[k, 1]``), 0 after a reset, one more at
     each step; with ``max_steps``, a count that reaches it sets ``"truncated"`` (and ``"done"`` with
     ``update_done``), as TorchRL's ``_step`` does."""
-
-    writes = ("step_count",)
-    reads = ("done", "truncated")
 
     def __init__(self, transform: StepCounter, k: int):
         self.max_steps = transform.max_steps
@@ -243,9 +227,6 @@ class CountSteps(Op):
 class SumRewards(Op):
     """``RewardSum()``: ``"episode_reward"``, 0 after a reset, plus the step's ``"reward"`` (as it is at this op's
     place in the transform) at each step."""
-
-    writes = ("episode_reward",)
-    reads = ("reward",)
 
     def __init__(self, k: int, dtype: torch.dtype):
         self._sum = torch.zeros(k, 1, dtype=dtype)
