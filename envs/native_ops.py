@@ -72,14 +72,12 @@ class Apply(Op):
     """A stateless transform whose ``_call`` writes ``_apply_transform(data[in_key])`` under each ``out_key``, at
     each step, and at each reset for the keys the reset entries hold (TorchRL's reset is missing-tolerant)."""
 
-    def __init__(self, transform: Transform, contiguous: bool = False):
+    def __init__(self, transform: Transform):
         self.transform = transform
         self.pairs = list(zip(transform.in_keys, transform.out_keys))
-        self._contiguous = contiguous
 
     def _apply(self, value: torch.Tensor) -> torch.Tensor:
-        out = self.transform._apply_transform(value)
-        return out.contiguous() if self._contiguous else out
+        return self.transform._apply_transform(value)
 
     def step(self, data: dict) -> None:
         for in_key, out_key in self.pairs:
@@ -98,12 +96,12 @@ class ToImage(Apply):
     ``_apply_transform``, made contiguous."""
 
     def __init__(self, transform: ToTensorImage):
-        super().__init__(transform, contiguous=True)
+        super().__init__(transform)
         self._buffers: dict = {}
 
     def _apply(self, value: torch.Tensor) -> torch.Tensor:
         if value.dtype != torch.uint8 or self.transform.from_int is False or value.dim() < 3:
-            return super()._apply(value)
+            return super()._apply(value).contiguous()
         image = value.permute(*range(value.dim() - 3), -1, -3, -2)
         out = self._buffers.get(image.shape)
         if out is None:

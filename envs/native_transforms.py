@@ -30,6 +30,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import Transform
 
+from .engine.errors import ArgumentError
 from .engine.shared import BufferViews, EnvSpecs, allocate_buffers
 from .libs.envbase import transform_parts
 from .native_ops import AFTER_CAST, DONE_KEYS, CastOnCopy, CountSteps, Op, op_for
@@ -41,9 +42,10 @@ def native_ops_of(transform: Transform, base: EnvSpecs, transformed: EnvSpecs, k
     """The ops that run ``transform`` natively over ``k`` envs of specs ``base`` (giving ``transformed``), or why
     there are none (a few words)."""
     parts = transform_parts(transform)
+    reward_dtype = base.reward["reward"].dtype if "reward" in base.reward.keys() else torch.float32
     ops = []
     for part in parts:
-        op = op_for(part, k, base.reward["reward"].dtype if "reward" in base.reward.keys() else torch.float32)
+        op = op_for(part, k, reward_dtype)
         if isinstance(op, str):
             return op
         ops.append(op)
@@ -118,8 +120,6 @@ class GroupUnderTransform:
         """An :class:`~tdcollect.envs.errors.ArgumentError` unless ``mask`` (bool ``[k]``) is None or all True: the
         transform steps the worker's envs together."""
         if mask is not None and not mask.all():
-            from .engine.errors import ArgumentError
-
             raise ArgumentError(
                 f"{self.owner}: with worker_transform, a worker's {self._k} envs step together; a step of some of "
                 "them (a \"_step\" entry) is not possible. Apply the transform in this process (TransformedEnv) to "
