@@ -5,17 +5,24 @@ As ``python SCRIPT ARGS``: the script runs as ``__main__`` with ``sys.argv == [S
 on ``sys.path`` (so hydra finds its configs, and spawned processes re-import it); the exit status is the script's
 (``SystemExit(n)``: ``n``; an exception: its traceback, from the script's frames down, and 1).
 
-When: TorchRL's classes are replaced at the end of the import statement (or ``importlib.import_module`` call)
-after which their module is imported (:func:`replace_once_imported`): before the script's ``from torchrl.envs
-import ParallelEnv`` binds the name, and never in a process that does not import TorchRL (which pays nothing).
+When: as soon as one of TorchRL's public modules (``torchrl.envs``, ``torchrl.collectors``, ...) and the TorchRL
+modules its import brought in have run their bodies, before the import that asked for them goes on
+(:func:`replace_on_import`, a finder first on ``sys.meta_path`` that wraps TorchRL's loaders):
+every module that imports them afterwards, however deep in an import (a helper module the script imports first,
+``torchrl.trainers.helpers``, hydra's ``_target_``, ``importlib``, ``from torchrl.collectors import *``), gets
+tdcollect's; a process that never imports TorchRL pays nothing. Why a hook on TorchRL's modules rather than an
+eager import before the script: the same moment in every process (the processes the script starts import TorchRL
+only if they need it), and no TorchRL import where a script (or a child, e.g. a compiler worker) has none. At the
+script's end, any module outside TorchRL that still holds one of TorchRL's replaced classes is named on stderr,
+with why (it imported it from TorchRL's private modules).
 The processes the script starts: forked ones inherit the replaced classes; spawned and forkserver ones (and any
 Python process the script starts) run ``child_startup/sitecustomize.py``, which ``TDCOLLECT_RUN`` (the layout) and
 ``PYTHONPATH`` carry to them, and which does the same there.
 """
 from __future__ import annotations
 
-import builtins
 import importlib
+import importlib.abc
 import os
 import runpy
 import sys
@@ -42,7 +49,7 @@ def run_script(path: str, args: list[str], layout: str = "machine") -> int:
         return 2
     os.environ[ENV_VAR] = layout
     os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
-    replace_once_imported(layout, report=True)
+    replace_on_import(layout, report=True)
     sys.argv = [str(script), *args]
     sys.path[0] = str(script.resolve().parent)
     try:
@@ -55,6 +62,9 @@ def run_script(path: str, args: list[str], layout: str = "machine") -> int:
     except BaseException as err:  # noqa: BLE001 - reported as python reports it
         _print_from_script(err, script)
         return 1
+    finally:
+        for line in swap.kept_places():
+            swap.say(line)
     return 0
 
 
@@ -77,48 +87,93 @@ def _print_from_script(err: BaseException, script: Path) -> None:
     traceback.print_exception(type(err), err, tb or err.__traceback__)
 
 
-def replace_once_imported(layout: str, report: bool = False) -> None:
-    """Replace TorchRL's classes (``swap.install``) at the end of the first import statement or
-    ``importlib.import_module`` call after which their module is imported; each outermost import checks a few
-    ``sys.modules`` entries until every module is done. ``report``: say on stderr what was replaced (the script's
-    process; the processes it starts stay quiet)."""
-    original_import = builtins.__import__
-    original_import_module = importlib.import_module
-    state = threading.local()
+class _SwapOnImport(importlib.abc.MetaPathFinder):
+    """A finder first on ``sys.meta_path`` for TorchRL's modules: it finds each as the other finders do and wraps its
+    loader (:class:`_CountingLoader`), so that when the outermost TorchRL module being imported has run its body (all
+    of TorchRL that this import brought in is initialized) and before the import that asked for it goes on, the
+    names :func:`swap.install` can replace are replaced."""
 
-    def replacing_after(load):
-        def imported(*args, **kwargs):
-            depth = getattr(state, "depth", 0)
-            state.depth = depth + 1
-            try:
-                module = load(*args, **kwargs)
-            finally:
-                state.depth = depth
-            if depth == 0 and not getattr(state, "replacing", False):
-                _replace_imported()
-            return module
+    def __init__(self, layout: str, report: bool):
+        self.layout = layout
+        self.report = report
+        self.ran: set[str] = set()  # the public modules whose bodies have run (still initializing, maybe)
+        self.lock = threading.RLock()  # one replacing at a time
+        self.installing = False  # a replacing is running (in the thread holding the lock)
+        self.depth = threading.local()  # .n: the TorchRL modules this thread is running the bodies of
 
-        return imported
+    def find_spec(self, name, path, target=None):
+        if name != "torchrl" and not name.startswith("torchrl."):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _CountingLoader(spec.loader, self, name)
+                return spec
+        return None
 
-    def _replace_imported() -> None:
-        state.replacing = True
+    def run_body(self, loader, module, name: str) -> None:
+        """Run ``module``'s body with its ``loader``; once the outermost TorchRL body of this thread has run,
+        replace what can be replaced."""
+        depth = getattr(self.depth, "n", 0)
+        self.depth.n = depth + 1
         try:
-            replaced = swap.install(layout, only_imported=True)
+            loader.exec_module(module)
         finally:
-            state.replacing = False
-        if replaced and report:
-            swap.say(swap.describe(replaced))
-        if not swap.pending():
-            if builtins.__import__ is hooked_import:
-                builtins.__import__ = original_import
-            if importlib.import_module is hooked_import_module:
-                importlib.import_module = original_import_module
+            self.depth.n = depth
+        if name in swap.PUBLIC_MODULES:
+            self.ran.add(name)
+        if depth == 0:
+            self.replace_ready()
 
-    hooked_import = replacing_after(original_import)
-    hooked_import_module = replacing_after(original_import_module)
-    builtins.__import__ = hooked_import
-    importlib.import_module = hooked_import_module
-    _replace_imported()  # what this process imported already
+    def replace_ready(self) -> None:
+        """Replace what can be replaced now. An import inside that replacing (tdcollect's modules import TorchRL's)
+        only notes what ran: the replacing goes on with it (its loop runs until nothing more is replaced)."""
+        with self.lock:
+            if self.installing:
+                return
+            self.installing = True
+            try:
+                while replaced := swap.install(self.layout, ran=frozenset(self.ran)):
+                    if self.report:
+                        swap.say(swap.describe(replaced))
+            finally:
+                self.installing = False
+            if not swap.pending() and self in sys.meta_path:
+                sys.meta_path.remove(self)
+
+
+class _CountingLoader:
+    """A TorchRL module's own loader, whose ``exec_module`` runs through the finder (:meth:`_SwapOnImport.run_body`);
+    everything else is the loader's (``get_source``, ``is_package``, resources, ...)."""
+
+    def __init__(self, loader, finder: _SwapOnImport, name: str):
+        self._loader = loader
+        self._finder = finder
+        self._name = name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._finder.run_body(self._loader, module, self._name)
+
+    def __getattr__(self, attribute):
+        return getattr(self._loader, attribute)
+
+
+def replace_on_import(layout: str, report: bool = False) -> None:
+    """Replace TorchRL's classes (``swap.install``) in each of TorchRL's public modules right after its body has run
+    (:class:`_SwapOnImport`), so every module that imports them afterwards, however deep in an import, gets
+    tdcollect's; what this process imported already is replaced now, and any module outside TorchRL that bound
+    TorchRL's class before is given ours (``swap.sweep``). ``report``: say on stderr what was replaced (the script's
+    process; the processes it starts stay quiet)."""
+    finder = _SwapOnImport(layout, report)
+    finder.ran.update(name for name in swap.PUBLIC_MODULES if swap._ready(name))
+    sys.meta_path.insert(0, finder)
+    finder.replace_ready()
 
 
 def run_hidden_sitecustomize(folder: str) -> None:

@@ -154,13 +154,21 @@ def _without_self(bound: inspect.BoundArguments) -> inspect.BoundArguments:
     return bound
 
 
-def install(layout: str = "machine", cores: int | None = None, only_imported: bool = False) -> list[str]:
-    """Put tdcollect's classes in :data:`PUBLIC_MODULES`: all of them (importing them), or with ``only_imported``
-    those already imported and done initializing. Returns what was replaced (``"module.name"``); a module done
-    already is left as it is."""
+#: what each module of :data:`PUBLIC_MODULES` needs to have run before its names can be replaced (tdcollect's
+#: classes import them): TorchRL's envs for every module, its collectors for the collector modules too
+NEEDS = {name: ("torchrl.envs", name) if name.startswith("torchrl.envs.") or name == "torchrl.envs"
+         else ("torchrl.envs", "torchrl.collectors", name) for name in PUBLIC_MODULES}
+
+
+def install(layout: str = "machine", cores: int | None = None, ran: frozenset[str] | set[str] | None = None
+            ) -> list[str]:
+    """Put tdcollect's classes in :data:`PUBLIC_MODULES`: all of them (importing them), or, with ``ran`` (the
+    modules whose bodies have run: see ``script.py``), those whose :data:`NEEDS` have run or are imported and done
+    initializing. Then :func:`sweep`. Returns what was replaced (``"module.name"``); a module done already is left
+    as it is."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    todo = [name for name in pending() if not only_imported or _ready(name)]
+    todo = [name for name in pending() if ran is None or all(need in ran or _ready(need) for need in NEEDS[name])]
     if not todo:
         return []
     from tdcollect.envs.engine.platform_policy import usable_cores
@@ -180,7 +188,59 @@ def install(layout: str = "machine", cores: int | None = None, only_imported: bo
             setattr(module, name, _made[theirs])
             replaced.append(f"{module_name}.{name}")
         _done.add(module_name)
+    return replaced + sweep()
+
+
+def sweep() -> list[str]:
+    """Replace TorchRL's classes bound in modules outside TorchRL (a script's helper module that imported them
+    before :func:`install` ran); returns those places (``"module.name"``). TorchRL's own modules keep what they
+    bound: their machinery, not what a script names."""
+    if not _made:
+        return []
+    replaced = []
+    for module_name, module in list(sys.modules.items()):
+        if _is_torchrl_or_ours(module_name):
+            continue
+        for attribute, value in _bound_classes(module):
+            if value in _made:
+                setattr(module, attribute, _made[value])
+                replaced.append(f"{module_name}.{attribute}")
     return replaced
+
+
+def kept_places() -> list[str]:
+    """Where a module outside TorchRL still holds one of TorchRL's replaced classes, and why (a module imported
+    after :func:`install` gets one only from TorchRL's private modules, which keep TorchRL's classes)."""
+    kept = []
+    for module_name, module in list(sys.modules.items()):
+        if _is_torchrl_or_ours(module_name):
+            continue
+        for attribute, value in _bound_classes(module):
+            if value in _made:
+                kept.append(f"TorchRL's {value.__name__} stayed at {module_name}.{attribute}: it was imported from "
+                            f"TorchRL's private module {value.__module__} (import it from "
+                            f"{_public_module_of(value)} to get tdcollect's)")
+    return kept
+
+
+def _public_module_of(theirs: type) -> str:
+    """The public module a TorchRL class is replaced in (the first of :data:`PUBLIC_MODULES` that names it)."""
+    return next(module for module, names in PUBLIC_MODULES.items() if theirs.__name__ in names)
+
+
+def _is_torchrl_or_ours(module_name: str) -> bool:
+    top = module_name.split(".", 1)[0]
+    return top in ("torchrl", "tdcollect")
+
+
+def _bound_classes(module) -> list[tuple[str, type]]:
+    """The ``(attribute, class)`` pairs of a module's namespace (an object that is no module, or whose namespace
+    cannot be read, has none)."""
+    try:
+        namespace = vars(module)
+    except TypeError:
+        return []
+    return [(attribute, value) for attribute, value in list(namespace.items()) if issubclass(type(value), type)]
 
 
 def pending() -> list[str]:

@@ -65,6 +65,128 @@ def test_every_public_path_gives_our_classes_in_the_script_and_its_processes(tmp
     assert "tdcollect's classes in place of torchrl.envs.{ParallelEnv, SerialEnv}" in run.stderr
 
 
+#: helper modules for IMPORT_ROADS: each binds a TorchRL class in its own way
+HELPERS = {
+    "helper_first.py": "from torchrl.collectors import MultiSyncCollector\n",  # imported before torchrl.envs
+    "helper_after.py": "from torchrl.collectors import Collector\n",  # the issue's smallest case
+    "outer.py": "import inner\n",  # a module whose import imports torchrl.collectors inside it
+    "inner.py": "from torchrl.collectors import MultiAsyncCollector\n",
+    "aliased.py": "import torchrl.collectors as C\n",
+    "dynamic.py": "import importlib\nCollector = importlib.import_module('torchrl.collectors').Collector\n",
+    "starred.py": "from torchrl.collectors import *  # noqa: F403\n",
+    "private.py": "from torchrl.collectors._single import Collector as PrivateCollector\n",
+}
+
+#: a script that imports TorchRL's collectors every way HELPERS do (and through torchrl.trainers.helpers), builds a
+#: collector through two of them and reports, in its process and in a child of the given start method, which
+#: classes are tdcollect's
+IMPORT_ROADS = """
+import sys
+
+import helper_first
+from torchrl.envs import GymEnv
+import helper_after
+import outer
+import aliased
+import dynamic
+import starred
+import private
+from hydra.utils import get_class
+from torchrl.trainers.helpers import collectors as trainer_helpers
+
+
+def ours(cls):
+    return any(base.__module__.startswith("tdcollect.") for base in cls.__mro__)
+
+
+def roads():
+    import inner
+
+    return {"first": ours(helper_first.MultiSyncCollector), "after": ours(helper_after.Collector),
+            "nested": ours(inner.MultiAsyncCollector), "aliased": ours(aliased.C.Collector),
+            "importlib": ours(dynamic.Collector), "star": ours(starred.Collector) and ours(starred.AsyncCollector),
+            "trainers": ours(trainer_helpers.Collector) and ours(trainer_helpers.MultiSyncCollector)
+            and ours(trainer_helpers.ParallelEnv), "private": ours(private.PrivateCollector),
+            "hydra": ours(get_class("torchrl.collectors.MultiSyncCollector"))}  # what a _target_ config reaches
+
+
+def child(queue):
+    queue.put(roads())
+
+
+def make_env():
+    return GymEnv("CartPole-v1")
+
+
+if __name__ == "__main__":
+    import multiprocessing
+
+    context = multiprocessing.get_context(sys.argv[1])
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    in_child = queue.get(timeout=120)
+    process.join(60)
+    print("main", roads())
+    print("child", in_child)
+    built = [helper_after.Collector(make_env(), None, frames_per_batch=4, total_frames=8),
+             trainer_helpers.sync_sync_collector(make_env, None, num_env_per_collector=1, num_collectors=1,
+                                                 policy=None, frames_per_batch=4, total_frames=8)]
+    for collector in built:
+        next(iter(collector))
+        public = type(collector).__name__ if ours(type(collector)) else "theirs"
+        print("used", type(collector).__module__ + "." + public)
+        collector.shutdown()
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_every_way_of_importing_the_collectors_gives_ours_and_the_line_says_what_was_used(tmp_path, start_method,
+                                                                                          no_leaks):
+    """Helper modules imported before and after ``torchrl.envs``, an import inside an import, an alias,
+    ``importlib``, ``from ... import *`` and ``torchrl.trainers.helpers`` all get tdcollect's collectors, in the
+    script and in its child; the stderr line names each class the script built, and names the one place that kept
+    TorchRL's class (an import from TorchRL's private module) with the way to get ours."""
+    pytest.importorskip("hydra")
+    for name, source in HELPERS.items():
+        (tmp_path / name).write_text(source)
+    run = tdcollect_run(tmp_path, IMPORT_ROADS, start_method)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    expected = {"first": True, "after": True, "nested": True, "aliased": True, "importlib": True, "star": True,
+                "trainers": True, "private": False, "hydra": True}
+    assert lines[0] == f"main {expected}"
+    assert lines[1] == f"child {expected}"
+    used = [line.split()[1] for line in lines[2:]]
+    assert used == ["torchrl.collectors._single.Collector"] * 2  # ours, named and placed as TorchRL's
+    said = [line for line in run.stderr.splitlines() if line.startswith("tdcollect run: tdcollect's classes")]
+    assert len(said) >= 1
+    replaced = " ".join(said)
+    assert "torchrl.collectors.{Collector, MultiSyncCollector, MultiAsyncCollector, AsyncCollector}" in replaced
+    kept = [line for line in run.stderr.splitlines() if "stayed at" in line]
+    assert kept == ["tdcollect run: TorchRL's Collector stayed at private.PrivateCollector: it was imported from "
+                    "TorchRL's private module torchrl.collectors._single (import it from torchrl.collectors to get "
+                    "tdcollect's)"]
+
+
+def test_a_module_that_bound_torchrls_class_before_the_swap_is_given_ours(tmp_path, no_leaks):
+    """TorchRL imported before the swap (``swap.install`` called late, as when a process imported TorchRL before
+    ``tdcollect run`` could hook it): a module outside TorchRL holding TorchRL's class is given ours, and named."""
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys, types
+        from torchrl.collectors import Collector
+        helper = types.ModuleType("early_helper")
+        helper.Collector = Collector
+        sys.modules["early_helper"] = helper
+        from tdcollect import swap
+        replaced = swap.install("asked")
+        print("early_helper.Collector" in replaced, any(b.__module__.startswith("tdcollect.")
+                                                         for b in helper.Collector.__mro__))
+    """)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "True"]
+
+
 def test_without_the_command_the_same_script_gets_torchrls(tmp_path, no_leaks):
     (tmp_path / "script.py").write_text(CHECK_PATHS)
     run = subprocess.run([sys.executable, "script.py", "fork"], capture_output=True, text=True, timeout=240,

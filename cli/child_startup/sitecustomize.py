@@ -4,10 +4,10 @@ once the process imports them (see ``tdcollect/script.py``). Then the ``sitecust
 as it would have."""
 import os
 
-from tdcollect.script import replace_once_imported, run_hidden_sitecustomize
+from tdcollect.script import replace_on_import, run_hidden_sitecustomize
 
 if os.environ.get("TDCOLLECT_RUN"):
-    replace_once_imported(os.environ["TDCOLLECT_RUN"])
+    replace_on_import(os.environ["TDCOLLECT_RUN"])
 
 if __name__ == "sitecustomize":  # as the process' own (not imported as tdcollect.child_startup.sitecustomize)
     run_hidden_sitecustomize(os.path.dirname(os.path.abspath(__file__)))
