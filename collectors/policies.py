@@ -11,7 +11,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 from torch import nn
 from torchrl.data import StackedComposite
@@ -91,8 +91,17 @@ class OnOneEnv:
         self.policy = policy
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        out = self.policy(td[0].clone(recurse=False))
-        return td.update(out.unsqueeze(0))
+        leaves = dict(td.items())
+        if not all(type(value) is torch.Tensor for value in leaves.values()):  # nested or non-tensor entries
+            out = self.policy(td[0].clone(recurse=False))
+            return td.update(out.unsqueeze(0))
+        inputs = {key: value[0] for key, value in leaves.items()}  # views of the one env's row
+        out = self.policy(TensorDict(inputs, batch_size=(), device=td.device))
+        given = {id(value) for value in inputs.values()}
+        for key, value in out.items():  # what the policy wrote, given its dim back (its inputs are td's already)
+            if id(value) not in given:
+                td.set(key, value.unsqueeze(0))
+        return td
 
 
 def runs_cuda(policy_device, module: nn.Module | None) -> bool:

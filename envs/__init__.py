@@ -34,10 +34,14 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from .libs import register
 from .parallel import ParallelEnv
 from .serial import SerialEnv
+from .transforms.per_env import FAMILY as _PER_ENV_TRANSFORMS
 from .tuning import Tuning, autotune
 from .worker_transforms import move_transforms_to_workers
+
+register(_PER_ENV_TRANSFORMS)  # (a family on the transforms' layer, above the families of libs/)
 
 __all__ = [
     "ParallelEnv",

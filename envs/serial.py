@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .batched import BatchedEnv
-from .engine.group import EnvGroup
+from .engine.group import EnvGroup, build_group
 from .engine.platform_policy import built_on_cpu
 from .engine.shared import allocate_buffers
 from .engine.specs import check_same_specs
@@ -52,7 +52,7 @@ class SerialEnv(BatchedEnv):
         device = check_torchrl_options(owner, device, options)
         self.create_env_fn, self.create_env_kwargs = constructors_and_kwargs(
             create_env_fn, num_envs, create_env_kwargs, owner, "num_envs")
-        self._adopt(EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner, registered()), owner,
+        self._adopt(build_group(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner, registered()), owner,
                     check_actions, device)
         self.check_values = bool(check_values)
 
@@ -76,7 +76,7 @@ class SerialEnv(BatchedEnv):
     def _start_again(self):
         if self.create_env_fn is None:
             raise RuntimeError(f"{self.owner}: these envs were built elsewhere and cannot be started again here.")
-        group = EnvGroup(bind_kwargs(self.create_env_fn, self.create_env_kwargs), self.owner, registered())
+        group = build_group(bind_kwargs(self.create_env_fn, self.create_env_kwargs), self.owner, registered())
         try:
             check_same_specs({"the first start's envs": self._env_specs, "the restarted envs": group.specs},
                              "Constructors must build the same envs every time.")

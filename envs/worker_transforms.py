@@ -33,7 +33,7 @@ from torchrl.envs import Compose, Transform, TransformedEnv
 from .engine.errors import ArgumentError, sendable
 from .engine.shared import BufferViews, EnvSpecs
 from .libs.envbase import TorchRLStepper, transform_parts
-from .native_transforms import GroupUnderTransform, NativeTransformedGroup, native_ops_of
+from .transforms.native import GroupUnderTransform, NativeTransformedGroup, native_ops_of
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ class WorkerTransform:
         return transform
 
     def __call__(self, group) -> TransformedGroup | NativeTransformedGroup:
-        """The group the worker steps: :class:`~.native_transforms.NativeTransformedGroup` where every part of the
-        transform has an engine-native version (see ``native_transforms.py``), else :class:`TransformedGroup`."""
+        """The group the worker steps: :class:`~.transforms.native.NativeTransformedGroup` where every part of the
+        transform has an engine-native version (see ``native.py``), else :class:`TransformedGroup`."""
         try:
             transform = self.build()
         except BaseException:

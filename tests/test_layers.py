@@ -95,14 +95,15 @@ def longest_chains(edges: dict[str, set[str]]) -> dict[str, list[str]]:
 
 
 def layer(name: str) -> str:
-    """``"engine"``, ``"libs"``, ``"vector"``, ``"face"`` (``envs/*.py``), ``"collectors"`` or ``"command"``
-    (``cli/``: ``tdcollect run`` and the other commands, above every face)."""
+    """``"engine"``, ``"libs"``, ``"transforms"`` (the native transforms, on the families), ``"vector"``, ``"face"``
+    (``envs/*.py``), ``"collectors"`` or ``"command"`` (``cli/``: ``tdcollect run`` and the other commands, above
+    every face)."""
     parts = name.split(".")
     if parts[0] == "collectors":
         return "collectors"
     if parts[0] != "envs":
         return "command"
-    return parts[1] if len(parts) > 2 and parts[1] in ("engine", "libs", "vector") else "face"
+    return parts[1] if len(parts) > 2 and parts[1] in ("engine", "libs", "transforms", "vector") else "face"
 
 
 def test_no_module_imports_a_package_face():
@@ -130,10 +131,11 @@ def test_layers():
     allowed = {
         "engine": {"engine"},
         "libs": {"engine"},
-        "vector": {"engine", "libs", "face", "vector"},
-        "face": {"engine", "libs", "face", "vector"},
-        "collectors": {"engine", "libs", "face", "vector", "collectors"},
-        "command": {"engine", "libs", "face", "vector", "collectors", "command"},
+        "transforms": {"engine", "libs", "transforms"},
+        "vector": {"engine", "libs", "transforms", "face", "vector"},
+        "face": {"engine", "libs", "transforms", "face", "vector"},
+        "collectors": {"engine", "libs", "transforms", "face", "vector", "collectors"},
+        "command": {"engine", "libs", "transforms", "face", "vector", "collectors", "command"},
     }
     wrong = []
     for name, targets in edges.items():

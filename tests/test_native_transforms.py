@@ -1,4 +1,4 @@
-"""The worker transforms with an engine-native version (``envs/native_transforms.py``: ``InitTracker``,
+"""The worker transforms with an engine-native version (``envs/transforms/native.py``: ``InitTracker``,
 ``StepCounter``, ``DoubleToFloat``, ``RewardSum``, the four of TorchRL's SAC scripts) give TorchRL's own data: a
 ``ParallelEnv`` with ``worker_transform`` against TorchRL's ``TransformedEnv(SerialEnv(...))`` of the same
 constructors, same seeds, same actions, key by key, over a ``step_and_maybe_reset`` loop with episode ends and a
@@ -16,7 +16,7 @@ from torchrl.envs.transforms import InitTracker, RewardSum, StepCounter
 from tdcollect.envs import ParallelEnv
 from tdcollect.envs.engine.group import EnvGroup
 from tdcollect.envs.libs import registered
-from tdcollect.envs.native_transforms import NativeTransformedGroup, why_not_native
+from tdcollect.envs.transforms.native import NativeTransformedGroup, why_not_native
 from tdcollect.envs.worker_transforms import TransformedGroup, WorkerTransform
 from tests.test_gymenv_road import actions_for, assert_same, atari_gym_env, gym_env, run_loop
 from tests.test_worker_transforms import atari_transforms, torchvision_for_resize  # noqa: F401 - a fixture

@@ -64,6 +64,7 @@ class EnvGroup:
     def __init__(self, factories: Sequence[Callable[[], Any]], owner: str, families: Sequence[Family],
                  first_index: int = 0):
         self.steppers = []
+        self.owner = owner
         self.families = tuple(families)
         self.first_index = first_index
         try:
@@ -170,3 +171,18 @@ class EnvGroup:
                 pass
         self.steppers = []
         self._block = None
+
+
+def build_group(factories: Sequence[Callable[[], Any]], owner: str, families: Sequence[Family], first_index: int = 0):
+    """The envs of ``factories`` built here as an :class:`EnvGroup`, or what the first family's ``regroup`` makes of
+    that group (see :class:`~.stepper.Family`): what a worker and a ``SerialEnv`` step."""
+    group = EnvGroup(factories, owner, families, first_index)
+    try:
+        for family in group.families:
+            regrouped = family.regroup(group)
+            if regrouped is not None:
+                return regrouped
+    except BaseException:
+        group.close()
+        raise
+    return group

@@ -92,6 +92,10 @@ class Family:
         translate: ``env -> env`` of another family that steps in its place (e.g. a wrapper); None when it does not
             apply. Tried after every family's ``stepper``.
         block: ``(steppers, views) -> BlockStepper`` when all the group's steppers can step as one block; else None.
+        regroup: ``group -> group`` (an :class:`~.group.EnvGroup` just built, before it is bound): an object with
+            the group's interface that steps its envs in another way (e.g. their per-env transforms as one batched
+            op over the group's rows), or None when it does not apply. Tried in ``priority`` order; the first
+            answer is stepped.
         is_instance: ``obj -> bool``: whether ``obj`` is an env object of this family (the faces refuse instances
             where they take constructors).
         remake: ``env -> str``: an expression that builds an env like ``env`` (shown in the error that refuses
@@ -105,6 +109,7 @@ class Family:
     stepper: Callable[[Any], Stepper | None] = _never
     translate: Callable[[Any], Any] = _never
     block: Callable[[list, BufferViews], BlockStepper | None] = _no_block
+    regroup: Callable[[Any], Any] = _never
     is_instance: Callable[[Any], bool] = _not_mine
     remake: Callable[[Any], str | None] = _never
     costly_imports: dict[str, str] = field(default_factory=dict)

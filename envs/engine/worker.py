@@ -9,7 +9,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from .group import EnvGroup
+from .group import build_group
 from .protocol import PARTIAL_STEP, RESET, ROLL, SLOT_STEP, STEP, WorkerChannel
 from .recording import StepRecorder
 from .recycle import populate
@@ -120,7 +120,7 @@ def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_
     channel.start()
     torch.set_num_threads(threads)
     try:
-        group = EnvGroup([factory] * envs_per_worker, "ParallelEnv", families, first_index=first_env)
+        group = build_group([factory] * envs_per_worker, "ParallelEnv", families, first_index=first_env)
         if wrap is not None:
             group = wrap(group)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the main process

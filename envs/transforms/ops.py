@@ -1,5 +1,5 @@
 """Engine-native versions of the TorchRL transforms that TorchRL's scripts run per env, one op per transform, for a
-worker's ``k`` envs (:class:`~.native_transforms.NativeTransformedGroup` runs them in the transform's order).
+worker's ``k`` envs (:class:`~.native.NativeTransformedGroup` runs them in the transform's order).
 
 An op reads and writes ``data``, a dict ``{key: tensor [k, ...]}`` of one step's entries: ``step(data)`` on a step's
 ``"next"`` entries (observations, ``"reward"``, ``"done"`` / ``"terminated"`` / ``"truncated"``), ``reset(data,
@@ -42,11 +42,29 @@ from torchrl.envs.transforms import (
 DONE_KEYS = ("done", "terminated", "truncated")
 
 
+def _plain_attributes(transform: Transform) -> tuple:
+    """A transform's attributes that are plain values (numbers, strings, keys, ...), sorted by name: its settings."""
+    plain = (bool, int, float, str, tuple, list, type(None), torch.dtype)
+    return tuple(sorted((name, repr(value)) for name, value in vars(transform).items()
+                        if isinstance(value, plain) and not name.startswith("_parent")))
+
+
 class Op:
     """One transform's native version (see the module docstring)."""
 
-    def step(self, data: dict) -> None:
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        """One step's entries; ``rows`` (bool ``[k, 1]``): only those rows stepped (a partial step; the others'
+        state is left as it is), None: all of them."""
         raise NotImplementedError
+
+    def signature(self) -> tuple:
+        """What this op does, as values: two ops of equal signatures give the same outputs from the same entries
+        and state (how per-env transforms are found alike, to run as one op over their envs' rows)."""
+        public = {name: value for name, value in vars(self).items() if not name.startswith("_")}
+        transform = public.pop("transform", None)
+        if transform is not None:
+            public["transform"] = (type(transform).__name__, _plain_attributes(transform))
+        return type(self).__name__, tuple(sorted((name, repr(value)) for name, value in public.items()))
 
     def reset(self, data: dict, mask: torch.Tensor) -> None:
         raise NotImplementedError
@@ -57,7 +75,7 @@ class Rename(Op):
         self.pairs = list(zip(transform.in_keys, transform.out_keys))
         self.keep = transform.create_copy  # the entries stay under their old keys too
 
-    def step(self, data: dict) -> None:
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         for in_key, out_key in self.pairs:
             value = data[in_key] if self.keep else data.pop(in_key)
             data[out_key] = value
@@ -79,7 +97,7 @@ class Apply(Op):
     def _apply(self, value: torch.Tensor) -> torch.Tensor:
         return self.transform._apply_transform(value)
 
-    def step(self, data: dict) -> None:
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         for in_key, out_key in self.pairs:
             data[out_key] = self._apply(data[in_key])
 
@@ -156,7 +174,7 @@ class StackFrames(Op):
             buffers = self._buffers[key] = [frame.new_zeros(shape), frame.new_zeros(shape)]
         return buffers
 
-    def step(self, data: dict) -> None:
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         for in_key, out_key in self.pairs:
             frame = data[in_key]
             buffers = self._buffer(in_key, frame)
@@ -164,6 +182,9 @@ class StackFrames(Op):
             size = frame.shape[self.dim]
             kept = current.narrow(self.dim, size, current.shape[self.dim] - size)
             torch.cat([kept, frame], dim=self.dim, out=spare)
+            if rows is not None:  # the rows not stepped keep their frames
+                still = ~rows.reshape(-1)
+                spare[still] = current[still]
             buffers.reverse()
             data[out_key] = spare
 
@@ -190,7 +211,7 @@ class InitFlag(Op):
     def __init__(self, k: int):
         self._false = torch.zeros(k, 1, dtype=torch.bool)
 
-    def step(self, data: dict) -> None:
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         data["is_init"] = self._false
 
     def reset(self, data: dict, mask: torch.Tensor) -> None:
@@ -207,8 +228,8 @@ class CountSteps(Op):
         self.update_done = transform.update_done
         self._count = torch.zeros(k, 1, dtype=torch.int64)
 
-    def step(self, data: dict) -> None:
-        self._count.add_(1)
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        self._count.add_(1 if rows is None else rows)
         data["step_count"] = self._count
         if self.max_steps is None:
             return
@@ -229,8 +250,11 @@ class SumRewards(Op):
     def __init__(self, k: int, dtype: torch.dtype):
         self._sum = torch.zeros(k, 1, dtype=dtype)
 
-    def step(self, data: dict) -> None:
-        self._sum.add_(data["reward"])
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        if rows is None:
+            self._sum.add_(data["reward"])
+        else:
+            self._sum.copy_(torch.where(rows, self._sum + data["reward"], self._sum))
         data["episode_reward"] = self._sum
 
     def reset(self, data: dict, mask: torch.Tensor) -> None:
@@ -241,7 +265,7 @@ class SumRewards(Op):
 class CastOnCopy(Op):
     """``DoubleToFloat``: the copy into the shared buffers casts (see the module docstring)."""
 
-    def step(self, data: dict) -> None:
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         return None
 
     def reset(self, data: dict, mask: torch.Tensor) -> None:

@@ -1,9 +1,9 @@
 """A worker's transform run natively: its envs step on their own road, and the transformed entries are written with
-a few tensor operations per step (the ops of ``native_ops.py``), instead of TorchRL's ``TransformedEnv``.
+a few tensor operations per step (the ops of ``ops.py``), instead of TorchRL's ``TransformedEnv``.
 
 A worker that runs a transform over its ``k`` envs (``worker_transform``, :func:`move_transforms_to_workers`) steps
 them, by default, under TorchRL's ``TransformedEnv``: a TensorDict per step and each transform's per-call code, which
-on a fast env costs more than the env. When every part of the transform has a native op (``native_ops.py``: TorchRL's
+on a fast env costs more than the env. When every part of the transform has a native op (``ops.py``: TorchRL's
 SAC four, ``InitTracker``, ``StepCounter``, ``DoubleToFloat``, ``RewardSum``, and its Atari pixel transforms,
 ``RenameTransform``, ``ToTensorImage``, ``GrayScale``, ``Resize``, ``CatFrames``, ``SignTransform``), the worker runs
 :class:`NativeTransformedGroup` instead: its envs step into worker-local buffers laid out from the envs' specs, the ops
@@ -30,10 +30,10 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import Transform
 
-from .engine.errors import ArgumentError
-from .engine.shared import BufferViews, EnvSpecs, allocate_buffers
-from .libs.envbase import transform_parts
-from .native_ops import AFTER_CAST, DONE_KEYS, CastOnCopy, CountSteps, Op, op_for
+from ..engine.errors import ArgumentError
+from ..engine.shared import BufferViews, EnvSpecs, allocate_buffers
+from ..libs.envbase import transform_parts
+from .ops import AFTER_CAST, DONE_KEYS, CastOnCopy, CountSteps, Op, op_for
 
 __all__ = ["GroupUnderTransform", "NativeTransformedGroup", "native_ops_of", "transform_parts", "why_not_native"]
 
@@ -185,17 +185,29 @@ class NativeTransformedGroup(GroupUnderTransform):
             self._write_reset(torch.from_numpy(mask.reshape(self._k, 1).copy()))
         return None
 
-    def _write_reset(self, mask: torch.Tensor) -> None:
-        """The ops' reset outputs (``mask``: the rows reset, bool ``[k, 1]``) into the shared root rows."""
+    def _write_reset(self, mask: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """The ops' reset outputs (``mask``: the rows reset, bool ``[k, 1]``) into the shared root rows: all of them,
+        or those of ``rows`` (bool ``[k]``: the rows a partial step stepped)."""
         data = dict(self._reset_entries)
         for op in self._ops:
             op.reset(data, mask)
         for key, shared in self._root_targets:
-            shared.copy_(data[key])
+            if rows is None:
+                shared.copy_(data[key])
+            else:
+                shared[rows] = data[key][rows]
+
+    #: whether a step of some of the envs is taken (per-env transforms: each env's own transform steps with it) or
+    #: refused (a worker transform: it steps the worker's envs together)
+    partial_steps = False
 
     def step(self, mask: np.ndarray | None = None) -> list | None:
-        """Step every env (a ``mask`` must hold all of them, as with TorchRL's road in a worker)."""
-        self.refuse_partial_step(mask)
+        """Step every env, or, with :attr:`partial_steps`, the envs where ``mask`` (bool ``[k]``) is True (else a
+        ``mask`` must hold all of them, as with TorchRL's road in a worker)."""
+        if mask is not None and not mask.all():
+            if self.partial_steps:
+                return self._step_some(torch.from_numpy(mask.reshape(self._k, 1).copy()))
+            self.refuse_partial_step(mask)
         for base, shared in self._action_copies:
             base.copy_(shared)
         self.inner.step()
@@ -213,6 +225,29 @@ class NativeTransformedGroup(GroupUnderTransform):
         if cut.any():
             self.inner.reset(cut.numpy())
         self._write_reset(ended.clone())
+        return None
+
+    def _step_some(self, rows: torch.Tensor) -> None:
+        """Step the envs of ``rows`` (bool ``[k, 1]``): the ops update those rows' state only, and only those rows of
+        the shared buffers are written (the others are left as they are, as a partial step leaves them)."""
+        stepped = rows.reshape(-1)
+        for base, shared in self._action_copies:
+            base[stepped] = shared[stepped]
+        self.inner.step(stepped.numpy())
+        data = dict(self._step_entries)
+        for op in self._ops:
+            op.step(data, rows)
+        for key, shared in self._next_targets:
+            shared[stepped] = data[key][stepped]
+        ended = data["done"] & rows
+        going_on = (rows & ~ended).reshape(-1)
+        for key, shared in self._root_targets:
+            shared[going_on] = data[key][going_on]
+        if ended.any():
+            cut = ended & ~self._base_done
+            if cut.any():
+                self.inner.reset(cut.numpy())
+            self._write_reset(ended, stepped)
         return None
 
     def objects_of(self, touched) -> None:

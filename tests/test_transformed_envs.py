@@ -1,0 +1,218 @@
+"""TorchRL's own way to write an env, ``TransformedEnv(GymEnv(...), transforms)`` per env, on the native road
+(``envs/transforms/per_env.py``): the same data as TorchRL's own classes over the same constructors, key by key
+(``torch.equal``, dtypes and shapes), on a ``SerialEnv``, a ``ParallelEnv`` (2 x 2), a one-env ``Collector`` and a
+``MultiSyncCollector``; a step of some envs; the road each env takes, and why where it is TorchRL's."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.collectors import Collector as TorchRLCollector
+from torchrl.envs import CatFrames, Compose, DoubleToFloat, GymEnv, TransformedEnv
+from torchrl.envs import SerialEnv as TorchRLSerialEnv
+from torchrl.envs.transforms import InitTracker, RewardSum, StepCounter
+
+from tdcollect.collectors import Collector, MultiSyncCollector
+from tdcollect.envs import ParallelEnv, SerialEnv
+from tdcollect.envs.engine.group import seed_chain
+from tdcollect.envs.transforms.per_env import NATIVE
+from tests.test_gymenv_road import actions_for, assert_same, run_loop
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS = 120
+
+
+def transformed(name: str, transforms, **kwargs) -> TransformedEnv:
+    """``TransformedEnv(GymEnv(name), transforms())``, as TorchRL's ``make_env`` helpers build one env."""
+    return TransformedEnv(GymEnv(name, **kwargs), transforms())
+
+
+def dqn_transforms():
+    """TorchRL's DQN scripts' per-env transforms."""
+    return Compose(RewardSum(), StepCounter())
+
+
+def sac_transforms():
+    """TorchRL's SAC scripts' four, the step counter truncating before the env's own limit (the worker resets)."""
+    return Compose(InitTracker(), StepCounter(17), DoubleToFloat(), RewardSum())
+
+
+def stacked_transforms():
+    """A frame stack per env (``CatFrames`` over the observation), an init flag, a step count and a return."""
+    return Compose(InitTracker(), CatFrames(N=3, dim=-1, in_keys=["observation"]), StepCounter(25), RewardSum())
+
+
+class NotNative(RewardSum):
+    """TorchRL's ``RewardSum`` under another name: it has no native op."""
+
+
+MAKERS = {
+    "dqn-cartpole": functools.partial(transformed, "CartPole-v1", dqn_transforms),
+    "sac-pendulum": functools.partial(transformed, "Pendulum-v1", sac_transforms),
+    "sac-halfcheetah": functools.partial(transformed, "HalfCheetah-v4", sac_transforms, max_episode_steps=30),
+    "catframes-pendulum": functools.partial(transformed, "Pendulum-v1", stacked_transforms),
+}
+
+
+def needs(name: str) -> None:
+    if "halfcheetah" in name:
+        pytest.importorskip("mujoco")
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_per_env_transforms_give_torchrls_data_natively(name, no_leaks):
+    """A ``SerialEnv`` of 4 and a ``ParallelEnv`` of 2 workers x 2 envs of the same constructor against TorchRL's
+    ``SerialEnv`` of 4: a 120-step ``step_and_maybe_reset`` loop with episode ends, step-count truncations and a
+    partial reset; every env on the native road."""
+    needs(name)
+    make = MAKERS[name]
+    theirs_env = TorchRLSerialEnv(4, make)
+    try:
+        actions = actions_for(theirs_env, STEPS)
+        theirs, theirs_partial = run_loop(theirs_env, actions)
+    finally:
+        theirs_env.close()
+    assert theirs["next", "done"].any(), "the loop must see episodes end"
+    for ours_env in (SerialEnv(4, make), ParallelEnv(2, make, envs_per_worker=2)):
+        try:
+            assert ours_env.roads() == [NATIVE] * 4
+            ours, ours_partial = run_loop(ours_env, actions)
+        finally:
+            ours_env.close()
+        assert_same(ours, theirs, f"{type(ours_env).__name__} steps")
+        assert_same(ours_partial, theirs_partial, f"{type(ours_env).__name__} partial reset")
+
+
+def test_a_step_of_some_envs_steps_only_their_transforms(no_leaks):
+    """A ``"_step"`` entry steps those envs only: their step counts, returns and frame stacks move on, the others'
+    stay (an env just reset keeps its root, its ``"is_init"`` too, while another ends), as on TorchRL's ``SerialEnv``
+    (its per-env transforms step with their env)."""
+    make = MAKERS["catframes-pendulum"]
+    envs = {"theirs": TorchRLSerialEnv(3, make), "ours": SerialEnv(3, make),
+            "parallel": ParallelEnv(1, make, envs_per_worker=3)}
+    out = {}
+    try:
+        assert envs["ours"].roads() == [NATIVE] * 3
+        for label, env in envs.items():
+            env.set_seed(1)
+            root = env.reset()
+            steps = []
+            for t, action in enumerate(actions_for(env, 80)):
+                root.update(action)
+                # env 1 ends (its step count) at t = 74, while env 2, which ended at t = 73, waits for t = 76
+                root.set("_step", torch.tensor([t % 2 == 1, True, t % 3 == 1]))
+                stepped, root = env.step_and_maybe_reset(root)
+                steps.append(stepped.exclude("_step").clone())
+            out[label] = torch.stack(steps)
+    finally:
+        for env in envs.values():
+            env.close()
+    counts = out["theirs"]["next", "step_count"]
+    assert not torch.equal(counts[:, 0], counts[:, 1]), "the envs must have stepped apart"
+    assert_same(out["ours"], out["theirs"], "SerialEnv, partial steps")
+    assert_same(out["parallel"], out["theirs"], "ParallelEnv, partial steps")
+
+
+def test_what_has_no_native_op_keeps_torchrls_step_and_says_why(no_leaks):
+    env = SerialEnv(2, functools.partial(transformed, "CartPole-v1", lambda: Compose(NotNative(), StepCounter())))
+    try:
+        roads = env.roads()
+        env.rollout(5)
+    finally:
+        env.close()
+    assert roads == ["TorchRL's step: per-env transforms: NotNative has no native version"] * 2
+
+
+def test_per_env_transforms_with_other_settings_keep_torchrls_step(no_leaks):
+    """Envs whose transforms differ in their settings (here the step limit) cannot share one op: TorchRL's step."""
+    makers = [functools.partial(transformed, "CartPole-v1", functools.partial(StepCounter, limit))
+              for limit in (5, 9)]
+    env = SerialEnv(2, makers)
+    try:
+        assert env.roads() == ["TorchRL's step: per-env transforms with other settings in different envs"] * 2
+    finally:
+        env.close()
+
+
+class Deterministic(nn.Module):
+    """An action from the observation alone (no RNG: both collectors get the same actions)."""
+
+    def __init__(self, discrete: bool):
+        super().__init__()
+        self.discrete = discrete
+
+    def forward(self, observation):
+        if self.discrete:
+            index = (observation[..., 2] > 0).long()
+            return torch.nn.functional.one_hot(index, 2).to(torch.int64)
+        return observation[..., :1].clamp(-2, 2)
+
+
+def policy_for(name: str) -> TensorDictModule:
+    return TensorDictModule(Deterministic("cartpole" in name), in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.mark.parametrize("name", ["dqn-cartpole", "sac-pendulum"])
+def test_a_one_env_collector_gives_torchrls_batches_natively(name, no_leaks):
+    """``Collector(make_env(), policy)``: one env, on the native road in this process, against TorchRL's
+    ``Collector`` of the same env and policy (three batches of 40 frames, episode ends among them)."""
+    kwargs = {"frames_per_batch": 40, "total_frames": 120}
+    batches = {}
+    for label, cls in (("theirs", TorchRLCollector), ("ours", Collector)):
+        env = MAKERS[name]()
+        env.set_seed(5)  # (before the collector's first reset: TorchRL's set_seed does not start new episodes)
+        collector = cls(env, policy_for(name), **kwargs)
+        batches[label] = torch.cat([batch.clone() for batch in collector])
+        if label == "ours":
+            roads = collector.env.roads()
+        collector.shutdown()
+    assert roads == [NATIVE]
+    assert batches["theirs"]["next", "done"].any()
+    assert_same(batches["ours"], batches["theirs"], "one-env Collector batches")
+
+
+def test_multisync_batches_equal_the_serial_envs_native_data(no_leaks):
+    """``MultiSyncCollector([make_env] * 2, policy)``: each worker's env on the native road; its batches hold the
+    data of TorchRL's ``SerialEnv`` of the same constructors stepped with the same actions."""
+    make = MAKERS["sac-pendulum"]
+    policy = policy_for("sac-pendulum")
+    collector = MultiSyncCollector([make, make], policy, frames_per_batch=60, total_frames=60, cat_results="stack")
+    collector.set_seed(4)
+    try:
+        batch = next(iter(collector))
+        roads = collector.map_fn("env.roads")  # one list per worker
+    finally:
+        collector.shutdown()
+    assert roads == [[NATIVE], [NATIVE]]
+    for worker in range(2):
+        env = TorchRLSerialEnv(1, make)
+        try:
+            env.set_seed(seed_chain(4, 2)[worker])  # the seed the collector gives worker w's env
+            root = env.reset()
+            steps = []
+            for _ in range(batch.shape[-1]):
+                stepped, root = env.step_and_maybe_reset(policy(root))
+                steps.append(stepped.clone())
+        finally:
+            env.close()
+        theirs = torch.stack(steps, -1)[0]
+        ours = batch[worker].exclude("collector")
+        assert_same(ours.select(*theirs.keys(True, True)), theirs, f"worker {worker}'s batch")
+
+
+def test_the_reset_root_holds_the_transforms_entries(no_leaks):
+    """The root a policy reads holds the transforms' entries (``"step_count"``, ``"episode_reward"``, ...) as TorchRL's
+    ``TransformedEnv`` gives them after a reset."""
+    make = MAKERS["dqn-cartpole"]
+    ours, theirs = SerialEnv(2, make), TorchRLSerialEnv(2, make)
+    try:
+        for env in (ours, theirs):
+            env.set_seed(0)
+        assert_same(ours.reset(), theirs.reset(), "reset")
+    finally:
+        ours.close()
+        theirs.close()
