@@ -97,9 +97,8 @@ class OnOneEnv:
             return td.update(out.unsqueeze(0))
         inputs = {key: value[0] for key, value in leaves.items()}  # views of the one env's row
         out = self.policy(TensorDict(inputs, batch_size=(), device=td.device))
-        given = {id(value) for value in inputs.values()}
         for key, value in out.items():  # what the policy wrote, given its dim back (its inputs are td's already)
-            if id(value) not in given:
+            if inputs.get(key) is not value:
                 td.set(key, value.unsqueeze(0))
         return td
 

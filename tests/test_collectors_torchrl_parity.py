@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import TensorDictModule
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector as TorchRLCollector
 from torchrl.envs import InitTracker, TransformedEnv
@@ -147,3 +147,13 @@ def test_shutdown_closes_an_env_given_as_an_instance_as_torchrls_does(close_env,
                       total_frames=10)
     built.shutdown(close_env=False)
     assert built.env.is_closed
+
+
+def test_a_one_env_policy_output_that_is_an_input_tensor_is_kept(no_leaks):
+    """A one-env collector's policy may write an input tensor itself under a new key (an identity copier, as in
+    TorchRL's ``test_excluded_keys``): the batch holds that key, as TorchRL's does."""
+    copier = TensorDictModule(lambda x: x, in_keys=["observation"], out_keys=["copied"])
+    policy = TensorDictSequential(TensorDictModule(nn.Linear(7, 7), ["observation"], ["action"]), copier)
+    with Collector(ContinuousActionVecMockEnv(), policy, frames_per_batch=4, total_frames=4) as ours:
+        batch = next(iter(ours))
+    assert torch.equal(batch["copied"], batch["observation"])
