@@ -152,7 +152,8 @@ def test_the_ppo_atari_transforms_take_the_native_road():
     (lambda: Compose(DoubleToFloat(), CatFrames(N=2, dim=-1, in_keys=["observation"])), "after DoubleToFloat"),
 ])
 def test_why_not_native_names_the_reason(transform, reason):
-    make = CASES["pendulum-float32"]
+    needs("halfcheetah-float64")
+    make = CASES["halfcheetah-float64"]  # (float64 observations: what DoubleToFloat casts)
     transform = transform()
     group = EnvGroup([make], "ParallelEnv", registered())
     transformed = TransformedGroup(group, transform, "ParallelEnv")
@@ -161,6 +162,18 @@ def test_why_not_native_names_the_reason(transform, reason):
     finally:
         transformed.close()
     assert found is not None and reason in found, found
+
+
+def test_a_transform_after_doubletofloat_is_native_where_it_reads_nothing_cast():
+    """On float32 observations ``DoubleToFloat`` casts nothing: a ``CatFrames`` after it runs natively."""
+    make = CASES["pendulum-float32"]
+    transform = Compose(DoubleToFloat(), CatFrames(N=2, dim=-1, in_keys=["observation"]))
+    group = EnvGroup([make], "ParallelEnv", registered())
+    transformed = TransformedGroup(group, transform, "ParallelEnv")
+    try:
+        assert why_not_native(transform, group.specs, transformed.specs) is None
+    finally:
+        transformed.close()
 
 
 def test_a_native_worker_transform_steps_in_a_collector(no_leaks):

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,17 +15,31 @@ from torch import nn
 from torchrl.collectors import Collector as TorchRLCollector
 from torchrl.envs import CatFrames, Compose, DoubleToFloat, GymEnv, TransformedEnv
 from torchrl.envs import SerialEnv as TorchRLSerialEnv
-from torchrl.envs.transforms import InitTracker, RewardSum, StepCounter
+from torchrl.envs.transforms import (
+    CatTensors,
+    ExcludeTransform,
+    FlattenObservation,
+    InitTracker,
+    ObservationNorm,
+    RewardClipping,
+    RewardScaling,
+    RewardSum,
+    SignTransform,
+    StepCounter,
+    UnsqueezeTransform,
+)
 
 from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.engine.group import seed_chain
 from tdcollect.envs.transforms.per_env import NATIVE
 from tests.test_gymenv_road import actions_for, assert_same, run_loop
+from tests.test_worker_transforms import torchvision_for_resize  # noqa: F401 - a fixture (Resize)
 
 pytestmark = pytest.mark.timeout(180)
 
 STEPS = 120
+SOTA = Path(__file__).resolve().parent.parent.parent / "shared" / "torchrl-tests" / "sota-implementations"
 
 
 def transformed(name: str, transforms, **kwargs) -> TransformedEnv:
@@ -50,12 +66,64 @@ class NotNative(RewardSum):
     """TorchRL's ``RewardSum`` under another name: it has no native op."""
 
 
+def normalized_transforms():
+    """Fixed observation and reward normalization (``ObservationNorm``, ``RewardScaling``) under a step count."""
+    return Compose(ObservationNorm(loc=torch.tensor([0.1, -0.2, 0.3]), scale=torch.tensor([1.5, 2.0, 0.5]),
+                                   in_keys=["observation"], standard_normal=True),
+                   RewardScaling(loc=0.5, scale=0.1), StepCounter(25), RewardSum())
+
+
+def reshaping_transforms():
+    """Entries made, reshaped, joined and dropped (``UnsqueezeTransform``, ``FlattenObservation``, ``CatTensors``,
+    ``ExcludeTransform``), the reward clipped."""
+    return Compose(UnsqueezeTransform(-1, in_keys=["observation"], out_keys=["column"]),
+                   FlattenObservation(-2, -1, in_keys=["column"], out_keys=["flat"]),
+                   SignTransform(in_keys=["flat"]),  # (other values than the observation's, for CatTensors' order)
+                   CatTensors(in_keys=["observation", "flat"], out_key="both", del_keys=False),
+                   ExcludeTransform("column"), RewardClipping(-0.5, 0.5), StepCounter(25))
+
+
+def sota_utils(folder: str, name: str):
+    """TorchRL's ``sota-implementations/<folder>/<name>`` as shipped (pinned in ``../shared/torchrl-tests``), loaded
+    as a module of its own (not in ``sys.modules``: its functions travel to the workers by value)."""
+    path = SOTA / folder / name
+    if not path.is_file():
+        pytest.skip(f"TorchRL's scripts are not beside the project ({path})")
+    spec = importlib.util.spec_from_file_location(f"sota_{folder}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ppo_mujoco_maker():
+    """TorchRL's PPO-MuJoCo ``make_env`` (``VecNorm``, ``ClipTransform``, ``RewardSum``, ``StepCounter``,
+    ``DoubleToFloat`` per env), its episodes cut at 30 steps."""
+    pytest.importorskip("mujoco")
+    utils = sota_utils("ppo", "utils_mujoco.py")
+    return functools.partial(utils.make_env, "HalfCheetah-v4", "cpu", max_episode_steps=30)
+
+
+def impala_maker():
+    """TorchRL's IMPALA ``make_env`` (Atari: ``NoopResetEnv``, ``EndOfLifeTransform``, the pixel transforms, a
+    per-env ``VecNorm`` after ``DoubleToFloat``) on Breakout, whose lives end inside episodes."""
+    ale_py = pytest.importorskip("ale_py")
+    import gymnasium
+
+    gymnasium.register_envs(ale_py)
+    utils = sota_utils("impala", "utils.py")
+    return functools.partial(utils.make_env, "BreakoutNoFrameskip-v4", "cpu", "gymnasium")
+
+
 MAKERS = {
     "dqn-cartpole": functools.partial(transformed, "CartPole-v1", dqn_transforms),
     "sac-pendulum": functools.partial(transformed, "Pendulum-v1", sac_transforms),
     "sac-halfcheetah": functools.partial(transformed, "HalfCheetah-v4", sac_transforms, max_episode_steps=30),
     "catframes-pendulum": functools.partial(transformed, "Pendulum-v1", stacked_transforms),
+    "normalized-pendulum": functools.partial(transformed, "Pendulum-v1", normalized_transforms),
+    "reshaped-pendulum": functools.partial(transformed, "Pendulum-v1", reshaping_transforms),
 }
+#: TorchRL's own makers, read from its scripts (their module is loaded when the test runs)
+SOTA_MAKERS = {"ppo-mujoco": ppo_mujoco_maker, "impala-atari": impala_maker}
 
 
 def needs(name: str) -> None:
@@ -63,24 +131,29 @@ def needs(name: str) -> None:
         pytest.importorskip("mujoco")
 
 
-@pytest.mark.parametrize("name", list(MAKERS))
+@pytest.mark.parametrize("name", [*MAKERS, *SOTA_MAKERS])
 def test_per_env_transforms_give_torchrls_data_natively(name, no_leaks):
     """A ``SerialEnv`` of 4 and a ``ParallelEnv`` of 2 workers x 2 envs of the same constructor against TorchRL's
-    ``SerialEnv`` of 4: a 120-step ``step_and_maybe_reset`` loop with episode ends, step-count truncations and a
-    partial reset; every env on the native road."""
+    ``SerialEnv`` of 4: a 120-step ``step_and_maybe_reset`` loop with episode ends (lives lost, on Atari),
+    step-count truncations and a partial reset; every env on the native road. An env's random draws
+    (``NoopResetEnv``) come from its process's torch RNG, seeded by ``set_seed`` with its first env's seed: so with
+    them, one worker of 4 envs here and this process's RNG seeded the same way for TorchRL's."""
     needs(name)
-    make = MAKERS[name]
+    make = MAKERS[name] if name in MAKERS else SOTA_MAKERS[name]()
+    draws = name == "impala-atari"
     theirs_env = TorchRLSerialEnv(4, make)
     try:
         actions = actions_for(theirs_env, STEPS)
-        theirs, theirs_partial = run_loop(theirs_env, actions)
+        theirs, theirs_partial = run_loop(theirs_env, actions, seed_this_process=draws)
     finally:
         theirs_env.close()
-    assert theirs["next", "done"].any(), "the loop must see episodes end"
-    for ours_env in (SerialEnv(4, make), ParallelEnv(2, make, envs_per_worker=2)):
+    ended = theirs["next", "end-of-life"] if draws else theirs["next", "done"]
+    assert ended.any(), "the loop must see episodes (or lives) end"
+    workers = 1 if draws else 2
+    for ours_env in (SerialEnv(4, make), ParallelEnv(workers, make, envs_per_worker=4 // workers)):
         try:
             assert ours_env.roads() == [NATIVE] * 4
-            ours, ours_partial = run_loop(ours_env, actions)
+            ours, ours_partial = run_loop(ours_env, actions, seed_this_process=draws)
         finally:
             ours_env.close()
         assert_same(ours, theirs, f"{type(ours_env).__name__} steps")

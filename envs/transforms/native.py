@@ -33,15 +33,16 @@ from torchrl.envs import Transform
 from ..engine.errors import ArgumentError
 from ..engine.shared import BufferViews, EnvSpecs, allocate_buffers
 from ..libs.envbase import transform_parts
-from .ops import AFTER_CAST, DONE_KEYS, CastOnCopy, CountSteps, Op, op_for
+from .ops import DONE_KEYS, CastOnCopy, CountSteps, Op, ToImage, op_for
 
 __all__ = ["GroupUnderTransform", "NativeTransformedGroup", "native_ops_of", "transform_parts", "why_not_native"]
 
 
-def native_ops_of(transform: Transform, base: EnvSpecs, transformed: EnvSpecs, k: int) -> list[Op] | str:
-    """The ops that run ``transform`` natively over ``k`` envs of specs ``base`` (giving ``transformed``), or why
-    there are none (a few words)."""
-    parts = transform_parts(transform)
+def native_ops_of(transform: Transform | list[Transform], base: EnvSpecs, transformed: EnvSpecs, k: int
+                  ) -> list[Op] | str:
+    """The ops that run ``transform`` (or the list of its parts) natively over ``k`` envs of specs ``base`` (giving
+    ``transformed``), or why there are none (a few words)."""
+    parts = transform if isinstance(transform, list) else transform_parts(transform)
     reward_dtype = base.reward["reward"].dtype if "reward" in base.reward.keys() else torch.float32
     ops = []
     for part in parts:
@@ -51,9 +52,8 @@ def native_ops_of(transform: Transform, base: EnvSpecs, transformed: EnvSpecs, k
         ops.append(op)
     if sum(isinstance(op, CountSteps) for op in ops) > 1:
         return "two StepCounter"
-    casts = [i for i, op in enumerate(ops) if isinstance(op, CastOnCopy)]
-    if casts and not all(isinstance(op, AFTER_CAST) for op in ops[casts[0]:]):
-        return "an image transform after DoubleToFloat"
+    if _reads_a_cast_entry(ops, base):
+        return "a transform after DoubleToFloat reads an entry it casts"
     if set(base.done.keys(True, True)) != set(DONE_KEYS) or set(transformed.done.keys(True, True)) != set(DONE_KEYS):
         return "done flags other than one done / terminated / truncated group"
     if [*base.reward.keys(True, True)] != ["reward"] or [*transformed.reward.keys(True, True)] != ["reward"]:
@@ -67,6 +67,26 @@ def native_ops_of(transform: Transform, base: EnvSpecs, transformed: EnvSpecs, k
     if not all(isinstance(key, str) for key in base.observation.keys(True, True)):
         return "nested observation entries"
     return _dry_run(parts, base, transformed) or ops
+
+
+def _reads_a_cast_entry(ops: list[Op], base: EnvSpecs) -> bool:
+    """Whether an op after a ``DoubleToFloat`` (whose cast happens on the copy into the shared buffers, after all the
+    ops) reads a float64 entry: one of the env's, or one an op made from such an entry (dtype kept)."""
+    wide = {key for key, spec in base.observation.items(True, True) if spec.dtype == torch.float64}
+    wide |= {key for key, spec in base.reward.items(True, True) if spec.dtype == torch.float64}
+    cast = False
+    for op in ops:
+        if isinstance(op, CastOnCopy):
+            cast = True
+            continue
+        if cast and op.reads() & wide:
+            return True
+        for in_key, out_key in op.made_from():
+            if in_key in wide and not isinstance(op, ToImage):
+                wide.add(out_key)
+            elif out_key in wide and in_key not in wide:
+                wide.discard(out_key)
+    return False
 
 
 def _dry_run(parts: list[Transform], base: EnvSpecs, transformed: EnvSpecs) -> str | None:

@@ -29,24 +29,39 @@ import torch
 from torchrl.envs import DoubleToFloat, Transform
 from torchrl.envs.transforms import (
     CatFrames,
+    CatTensors,
+    CenterCrop,
+    ClipTransform,
+    ExcludeTransform,
+    FlattenObservation,
     GrayScale,
     InitTracker,
+    ObservationNorm,
     RenameTransform,
     Resize,
+    RewardClipping,
+    RewardScaling,
     RewardSum,
     SignTransform,
     StepCounter,
     ToTensorImage,
+    UnsqueezeTransform,
+    VecNorm,
 )
 
 DONE_KEYS = ("done", "terminated", "truncated")
 
 
 def _plain_attributes(transform: Transform) -> tuple:
-    """A transform's attributes that are plain values (numbers, strings, keys, ...), sorted by name: its settings."""
+    """A transform's settings: its attributes that are plain values (numbers, strings, keys, ...) and its buffers'
+    values (``ObservationNorm``'s ``loc`` and ``scale``, ``ClipTransform``'s bounds, ...), sorted by name."""
     plain = (bool, int, float, str, tuple, list, type(None), torch.dtype)
-    return tuple(sorted((name, repr(value)) for name, value in vars(transform).items()
-                        if isinstance(value, plain) and not name.startswith("_parent")))
+    settings = [(name, repr(value)) for name, value in vars(transform).items()
+                if isinstance(value, plain) and not name.startswith("_parent")]
+    settings += [(name, (tuple(value.shape), str(value.dtype), value.detach().cpu().numpy().tobytes()))
+                 for name, value in transform.state_dict().items()
+                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.parameter.UninitializedBuffer)]
+    return tuple(sorted(settings, key=lambda item: item[0]))
 
 
 class Op:
@@ -56,6 +71,16 @@ class Op:
         """One step's entries; ``rows`` (bool ``[k, 1]``): only those rows stepped (a partial step; the others'
         state is left as it is), None: all of them."""
         raise NotImplementedError
+
+    def reads(self) -> set:
+        """The keys this op reads (its ``pairs``' inputs, its ``in_keys``)."""
+        return {in_key for in_key, _ in getattr(self, "pairs", [])} | set(getattr(self, "in_keys", []))
+
+    def made_from(self) -> list[tuple]:
+        """``(in_key, out_key)``: each entry it writes from another."""
+        pairs = list(getattr(self, "pairs", []))
+        out_key = getattr(self, "out_key", None)
+        return pairs + [(in_key, out_key) for in_key in getattr(self, "in_keys", [])] if out_key else pairs
 
     def signature(self) -> tuple:
         """What this op does, as values: two ops of equal signatures give the same outputs from the same entries
@@ -228,6 +253,9 @@ class CountSteps(Op):
         self.update_done = transform.update_done
         self._count = torch.zeros(k, 1, dtype=torch.int64)
 
+    def reads(self) -> set:
+        return {"truncated", "done"} if self.max_steps is not None else set()
+
     def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         self._count.add_(1 if rows is None else rows)
         data["step_count"] = self._count
@@ -250,6 +278,9 @@ class SumRewards(Op):
     def __init__(self, k: int, dtype: torch.dtype):
         self._sum = torch.zeros(k, 1, dtype=dtype)
 
+    def reads(self) -> set:
+        return {"reward"}
+
     def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         if rows is None:
             self._sum.add_(data["reward"])
@@ -262,6 +293,83 @@ class SumRewards(Op):
         data["episode_reward"] = self._sum
 
 
+class RunningNorm(Op):
+    """``VecNorm`` (TorchRL's first version, ``new_api=False``) per env: each row keeps its own statistics, as each
+    env's own ``VecNorm`` does (``"sum"`` and ``"ssq"`` of the entry's shape and dtype, a float32 ``"count"``), updated
+    at each step and at each reset of its env with TorchRL's operations in TorchRL's order (``sum * decay + value``,
+    ``ssq * decay + value ** 2``, ``count * decay + 1``), and the entry standardized with them
+    (``(value - mean) / std.clamp_min(eps)``). Elementwise, so ``k`` rows at once give each env's own values."""
+
+    def __init__(self, transform: VecNorm, k: int):
+        self.pairs = list(zip(transform.in_keys, transform.out_keys))
+        self.decay = transform.decay
+        self.eps = transform.eps
+        self._k = k
+        self._stats: dict = {}  # in_key -> [sum, ssq, count]
+
+    def _update(self, key, value: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        stats = self._stats.get(key)
+        if stats is None:
+            count = torch.zeros((self._k, *([1] * (value.dim() - 1))), dtype=torch.float)
+            stats = self._stats[key] = [torch.zeros_like(value), torch.zeros_like(value), count]
+        total, squares, count = stats
+        if rows is None:
+            total.mul_(self.decay).add_(value)
+            squares.mul_(self.decay).add_(value.pow(2))
+            count.mul_(self.decay).add_(1)
+        else:  # only these rows' envs took the value
+            shaped = rows.reshape(self._k, *([1] * (value.dim() - 1)))
+            total.copy_(torch.where(shaped, total * self.decay + value, total))
+            squares.copy_(torch.where(shaped, squares * self.decay + value.pow(2), squares))
+            count.copy_(torch.where(shaped, count * self.decay + 1, count))
+        mean = total / count
+        std = (squares / count - mean.pow(2)).clamp_min(self.eps).sqrt()
+        return (value - mean) / std.clamp_min(self.eps)
+
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        for in_key, out_key in self.pairs:
+            data[out_key] = self._update(in_key, data[in_key], rows)
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        for in_key, out_key in self.pairs:
+            if in_key in data:
+                data[out_key] = self._update(in_key, data[in_key], None if mask.all() else mask)
+
+
+class Concatenate(Op):
+    """``CatTensors(in_keys, out_key, dim < 0)``: the entries concatenated along ``dim``, and (``del_keys``) the
+    entries it names removed."""
+
+    def __init__(self, transform: CatTensors):
+        self.in_keys = list(transform.in_keys)
+        self.out_key = transform.out_keys[0]
+        self.dim = transform.dim
+        self.removed = list(transform.keys_to_exclude) if transform._del_keys else []
+
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        data[self.out_key] = torch.cat([data[key] for key in self.in_keys], dim=self.dim)
+        for key in self.removed:
+            data.pop(key, None)
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        if all(key in data for key in self.in_keys):
+            self.step(data)
+
+
+class Exclude(Op):
+    """``ExcludeTransform(*keys)``: the entries removed."""
+
+    def __init__(self, transform: ExcludeTransform):
+        self.keys = list(transform.excluded_keys)
+
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        for key in self.keys:
+            data.pop(key, None)
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        self.step(data)
+
+
 class CastOnCopy(Op):
     """``DoubleToFloat``: the copy into the shared buffers casts (see the module docstring)."""
 
@@ -272,8 +380,6 @@ class CastOnCopy(Op):
         return None
 
 
-#: the ops that may follow a DoubleToFloat: they read no observation it casts
-AFTER_CAST = (InitFlag, CountSteps, SumRewards, CastOnCopy)
 
 
 def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
@@ -291,6 +397,16 @@ def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
         return SumRewards(k, reward_dtype)
     if kind is DoubleToFloat:
         return CastOnCopy()
+    if kind is VecNorm:
+        if transform._td is not None or transform.shapes is not None or transform.frozen:
+            return "VecNorm with statistics already (shared, loaded or frozen) or shapes"
+        if not all(isinstance(key, str) for key in [*transform.in_keys, *transform.out_keys]):
+            return "VecNorm with nested keys"
+        return RunningNorm(transform, k)
+    if kind is ExcludeTransform:
+        if transform.inverse or set(transform.excluded_keys) & {"reward", *DONE_KEYS}:
+            return "ExcludeTransform of the reward or done flags, or on the inverse"
+        return Exclude(transform)
     keys = [*transform.in_keys, *transform.out_keys]
     if not all(isinstance(key, str) for key in keys):
         return f"{kind.__name__} with nested keys"
@@ -304,8 +420,20 @@ def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
         return ToImage(transform)
     if kind is GrayScale:
         return Gray(transform)
-    if kind in (Resize, SignTransform):
+    if kind in (Resize, SignTransform, ClipTransform, RewardScaling, RewardClipping, CenterCrop):
         return Apply(transform)
+    if kind is ObservationNorm:
+        return Apply(transform) if transform.initialized else "ObservationNorm without loc and scale (init_stats)"
+    if kind is UnsqueezeTransform:
+        return Apply(transform) if transform._dim < 0 else "UnsqueezeTransform with a dim counted from the front"
+    if kind is FlattenObservation:
+        if transform.first_dim >= 0 or transform.last_dim >= 0:
+            return "FlattenObservation with dims counted from the front"
+        return Apply(transform)
+    if kind is CatTensors:
+        if transform.dim >= 0 or transform.unsqueeze_if_oor:
+            return "CatTensors along a dim counted from the front, or unsqueeze_if_oor"
+        return Concatenate(transform)
     if kind is CatFrames:
         if transform.padding != "same" or transform.as_inverse or transform.future or transform.mask_key is not None:
             return "CatFrames other than padding='same' on the env's steps"

@@ -19,11 +19,12 @@ different envs), an env inside that takes TorchRL's step.
 """
 from __future__ import annotations
 
-from torchrl.envs import TransformedEnv
+from torchrl.envs import Compose, Transform, TransformedEnv
 
 from ..engine.group import EnvGroup, resolve_on_env
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
-from ..libs.envbase import TORCHRL_STEP, TorchRLStepper, specs_of
+from ..libs.envbase import TORCHRL_STEP, TorchRLStepper, specs_of, transform_parts
+from ..libs.gymenv_transforms import COVERED
 from .native import NativeTransformedGroup, native_ops_of
 from .ops import Op
 
@@ -65,18 +66,35 @@ class _Built:
         return self.env
 
 
-def _ops_or_reason(envs: list[TransformedEnv], specs) -> list[Op] | str:
-    """The ops that run the envs' transforms over their ``k`` rows, or why there are none (a few words)."""
-    first = envs[0]
-    base = specs_of(first.base_env)
-    ops = native_ops_of(first.transform, base, specs, len(envs))
+def _split(env: TransformedEnv) -> tuple[list[Transform], list[Transform]]:
+    """``(head, tail)`` of the env's transforms: the leading ones its env's own road steps with it (TorchRL's Atari
+    ``NoopResetEnv`` / ``EndOfLifeTransform``, see ``gymenv_transforms.py``), and the rest, for the ops."""
+    parts = transform_parts(env.transform)
+    for size in (2, 1):
+        if [type(part) for part in parts[:size]] in COVERED:
+            return parts[:size], parts[size:]
+    return [], parts
+
+
+def _inside(env: TransformedEnv, head: list[Transform]):
+    """The env the ops run over: the env inside, under copies of the ``head`` transforms when there are some."""
+    if not head:
+        return env.base_env
+    return TransformedEnv(env.base_env, Compose(*[part.clone() for part in head]))
+
+
+def _ops_or_reason(envs: list[TransformedEnv], insides: list, tails: list[list[Transform]], specs) -> list[Op] | str:
+    """The ops that run the envs' transforms (the ``tails``) over their ``k`` rows, or why there are none (a few
+    words). ``insides``: the envs they run over."""
+    base = specs_of(insides[0])
+    ops = native_ops_of(tails[0], base, specs, len(envs))
     if isinstance(ops, str):
         return f"per-env transforms: {ops}"
     signatures = [op.signature() for op in ops]
-    for env in envs[1:]:
-        if specs_of(env.base_env) != base:
+    for inside, tail in zip(insides[1:], tails[1:]):
+        if specs_of(inside) != base:
             return "the envs inside differ in their specs"
-        own = native_ops_of(env.transform, base, specs, 1)
+        own = native_ops_of(tail, base, specs, 1)
         if isinstance(own, str) or [op.signature() for op in own] != signatures:
             return "per-env transforms with other settings in different envs"
     return ops
@@ -91,16 +109,19 @@ def regroup(group: EnvGroup) -> PerEnvTransformedGroup | None:
     envs = [stepper.env for stepper in steppers]
     if not all(isinstance(env, TransformedEnv) for env in envs):
         return None
-    reason = None
     if not all(type(env) is TransformedEnv for env in envs):
-        reason = "a subclass of TransformedEnv"
-    elif any(env.base_env.batch_size for env in envs):
-        reason = "a batched env inside"
-    ops = reason or _ops_or_reason(envs, group.specs)
+        _mark(envs, f"{TORCHRL_STEP}: a subclass of TransformedEnv")
+        return None
+    if any(env.base_env.batch_size for env in envs):
+        _mark(envs, f"{TORCHRL_STEP}: a batched env inside")
+        return None
+    heads, tails = zip(*[_split(env) for env in envs])
+    insides = [_inside(env, head) for env, head in zip(envs, heads)]
+    ops = _ops_or_reason(envs, insides, list(tails), group.specs)
     if isinstance(ops, str):
         _mark(envs, f"{TORCHRL_STEP}: {ops}")
         return None
-    inner = EnvGroup([_Built(env.base_env) for env in envs], group.owner, group.families, group.first_index)
+    inner = EnvGroup([_Built(inside) for inside in insides], group.owner, group.families, group.first_index)
     if any(type(stepper) is TorchRLStepper for stepper in inner.steppers):
         inner.steppers = []  # (let go without closing: the envs are the TransformedEnv envs' own)
         _mark(envs, f"{TORCHRL_STEP}: the env inside takes TorchRL's step")
