@@ -13,6 +13,8 @@ Systems (8 envs each):
 * ``ours_main_2x4`` / ``ours_workers_2x4`` - the same with 2 workers of 4 envs;
 * ``ours_workers_2x4_no_tail`` - ``ours_workers_2x4`` without what stays in this process (TorchRL's
   ``TransformedEnv`` and ``VecNorm``): the moved ``ParallelEnv`` alone;
+* ``ours_per_env_2x4`` - the transforms inside the maker, per env (TorchRL's way to write ``make_env``; ``VecNorm``
+  left out), 2 workers of 4: to set beside ``ours_workers_2x4_no_tail``, the same transforms on the batch, moved;
 * ``ours_env_2x4`` - the envs alone (``make_base_env`` in 2 workers of 4, no pipeline transforms): with the row above,
   where a step's time goes (the envs, the transforms in the workers, this process's ``TransformedEnv`` and
   ``VecNorm``);
@@ -41,7 +43,34 @@ STANDINS = ROOT / "benchmarks" / "sota_standins"
 ENV_NAME = "ALE/Pong-v5"
 NUM_ENVS = 8
 SYSTEMS = ["torchrl", "ours_main_8x1", "ours_workers_8x1", "ours_main_2x4", "ours_workers_2x4",
-           "ours_workers_2x4_no_tail", "ours_env_2x4", "envpool", "serial"]
+           "ours_workers_2x4_no_tail", "ours_per_env_2x4", "ours_env_2x4", "envpool", "serial"]
+
+
+def per_env_maker(utils):
+    """TorchRL's PPO-Atari env with its pixel transforms inside the maker (``make_parallel_env``'s list on each
+    env, ``VecNorm`` left out: per env it would keep per-env statistics, other data than the batch's)."""
+    from torchrl.envs import (
+        CatFrames,
+        DoubleToFloat,
+        GrayScale,
+        RenameTransform,
+        Resize,
+        RewardSum,
+        SignTransform,
+        StepCounter,
+        ToTensorImage,
+    )
+
+    def make_env():
+        env = utils.make_base_env(ENV_NAME, gym_backend="gymnasium")
+        for transform in (RenameTransform(in_keys=["pixels"], out_keys=["pixels_int"]),
+                          ToTensorImage(in_keys=["pixels_int"], out_keys=["pixels"]), GrayScale(), Resize(84, 84),
+                          CatFrames(N=4, dim=-3), RewardSum(), StepCounter(max_steps=4500),
+                          SignTransform(in_keys=["reward"]), DoubleToFloat()):
+            env.append_transform(transform)
+        return env
+
+    return make_env
 
 
 def _use_standins() -> None:
@@ -69,6 +98,10 @@ def build(system: str, utils):
     """The env of ``system`` (a TorchRL env, except ``envpool`` / ``serial``: gymnasium vector envs)."""
     if system == "torchrl":
         return utils.make_parallel_env(ENV_NAME, NUM_ENVS, "cpu", "gymnasium")
+    if system == "ours_per_env_2x4":
+        from tdcollect.envs import ParallelEnv
+
+        return ParallelEnv(2, per_env_maker(utils), envs_per_worker=NUM_ENVS // 2)
     if system == "ours_env_2x4":
         from tdcollect.envs import ParallelEnv
 

@@ -40,6 +40,9 @@ SCRIPTS = {
     "impala": ("impala", "impala_single_node.py", [
         "collector.num_workers=2", "collector.frames_per_batch=320", "collector.total_frames=9600", "device=cpu",
         "loss.batch_size=2", "logger.test_interval=1000000000"]),
+    "ppo_mujoco": ("ppo", "ppo_mujoco.py", [
+        "collector.frames_per_batch=1000", "collector.total_frames=6000", "optim.device=cpu",
+        "loss.mini_batch_size=250", "loss.ppo_epochs=2", "logger.test_interval=1000000000"]),
     "ppo_atari": ("ppo", "ppo_atari.py", [
         "env.num_envs=2", "collector.frames_per_batch=2048", "collector.total_frames=8192", "optim.device=cpu",
         "loss.mini_batch_size=1024", "loss.ppo_epochs=1", "logger.test_interval=1000000000"]),

@@ -20,8 +20,15 @@ reset the rows a reset names, as TorchRL's do.
 * ``CatFrames(N, dim, padding="same")``: the last ``N`` frames along ``dim``, a reset row filled with its frame;
 * ``InitTracker()``, ``StepCounter(max_steps, update_done)``, ``RewardSum()``: ``"is_init"``, ``"step_count"``
   (truncating and ending episodes at ``max_steps``), ``"episode_reward"``;
+* ``VecNorm`` (TorchRL's first version) per env: each row its own statistics (see :class:`RunningNorm`);
+* ``ObservationNorm``, ``ClipTransform``, ``RewardScaling``, ``RewardClipping``, ``CenterCrop``, and
+  ``UnsqueezeTransform`` / ``FlattenObservation`` with dims counted from the back: their ``_apply_transform``;
+* ``CatTensors`` (a dim counted from the back), ``ExcludeTransform``: the entries joined, removed;
 * ``DoubleToFloat(...)``: nothing here; the copy into the shared buffers (declared with TorchRL's float32) casts as
   TorchRL does (``copy_`` rounds as ``Tensor.to``). Only ops that read no entry it casts may follow it.
+
+An op's :meth:`Op.signature` (its settings, its transform's buffers included) says when per-env transforms are alike
+(``per_env.py`` runs one op over envs whose transforms have equal signatures).
 """
 from __future__ import annotations
 

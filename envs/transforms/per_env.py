@@ -5,12 +5,15 @@ TorchRL's docs and training scripts put the transforms inside the constructor (o
 Through TorchRL's ``TransformedEnv`` each step of each env costs TorchRL's per-step code (a TensorDict, each
 transform's ``_step``) on top of the env's. Here, when every env of a group (a worker's ``k`` envs, or a
 ``SerialEnv``'s) is a ``TransformedEnv`` whose transforms all have native ops (``ops.py``) with the same
-settings, and the env inside each steps on a native road (a TorchRL ``GymEnv``: ``gymenv.py``), the group is
+settings, and the env inside each steps on a native road (a TorchRL ``GymEnv``: ``gymenv.py``; the leading
+``NoopResetEnv`` / ``EndOfLifeTransform`` of TorchRL's Atari makers stay with it, on ``gymenv_transforms.py``'s
+road), the group is
 regrouped (:func:`regroup`, the family's ``regroup``): the envs inside step into local ``[k]`` buffers and the ops
 run once over the ``k`` rows (:class:`PerEnvTransformedGroup`, a
 :class:`~tdcollect.envs.transforms.native.NativeTransformedGroup`). Each env keeps its own transform state, as each
 of TorchRL's instances keeps its own: the ops' state is per row (a step count, a return, a frame stack per env), and
-a step of some of the envs (a ``"_step"`` entry) steps those rows only.
+a step of some of the envs (a ``"_step"`` entry) steps those rows only. A per-env ``VecNorm`` keeps per-env
+statistics, as TorchRL's per-env instances do (never pooled over the group's rows).
 
 The data are TorchRL's, key by key (``tests/test_transformed_envs.py`` compares them with TorchRL's own
 ``SerialEnv`` of the same constructors). Anything else keeps each env's own road, with the reason in
