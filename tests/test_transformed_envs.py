@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector as TorchRLCollector
+from torchrl.data import OneHot
 from torchrl.envs import CatFrames, Compose, DoubleToFloat, GymEnv, TransformedEnv
 from torchrl.envs import SerialEnv as TorchRLSerialEnv
 from torchrl.envs.transforms import (
@@ -27,11 +29,11 @@ from torchrl.envs.transforms import (
     SignTransform,
     StepCounter,
     UnsqueezeTransform,
+    VecNorm,
 )
 
 from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
-from tdcollect.envs.engine.group import seed_chain
 from tdcollect.envs.transforms.per_env import NATIVE
 from tests.test_gymenv_road import actions_for, assert_same, run_loop
 from tests.test_worker_transforms import torchvision_for_resize  # noqa: F401 - a fixture (Resize)
@@ -211,50 +213,97 @@ def test_per_env_transforms_with_other_settings_keep_torchrls_step(no_leaks):
         env.close()
 
 
-class Deterministic(nn.Module):
-    """An action from the observation alone (no RNG: both collectors get the same actions)."""
+class StepPolicy(nn.Module):
+    """An action from the env's step count alone (no RNG: TorchRL's collectors and ours get the same actions, on
+    every maker here: each counts its steps): a one-hot index, or a point between a box's bounds."""
 
-    def __init__(self, discrete: bool):
+    def __init__(self, spec):
         super().__init__()
-        self.discrete = discrete
+        self.n = spec.space.n if isinstance(spec, OneHot) else None
+        self.dtype = spec.dtype
+        if self.n is None:
+            self.register_buffer("low", spec.space.low.clone())
+            self.register_buffer("high", spec.space.high.clone())
 
-    def forward(self, observation):
-        if self.discrete:
-            index = (observation[..., 2] > 0).long()
-            return torch.nn.functional.one_hot(index, 2).to(torch.int64)
-        return observation[..., :1].clamp(-2, 2)
+    def forward(self, step_count):
+        if self.n is not None:
+            index = (step_count.squeeze(-1) * 7 + 3) % self.n
+            return torch.nn.functional.one_hot(index, self.n).to(self.dtype)
+        fraction = ((step_count * 5) % 11).to(self.low.dtype) / 10
+        return (self.low + (self.high - self.low) * fraction).to(self.dtype)
 
 
-def policy_for(name: str) -> TensorDictModule:
-    return TensorDictModule(Deterministic("cartpole" in name), in_keys=["observation"], out_keys=["action"])
+def policy_of(env) -> TensorDictModule:
+    return TensorDictModule(StepPolicy(env.full_action_spec["action"]), in_keys=["step_count"], out_keys=["action"])
 
 
-@pytest.mark.parametrize("name", ["dqn-cartpole", "sac-pendulum"])
+def maker_of(name: str):
+    needs(name)
+    return MAKERS[name] if name in MAKERS else SOTA_MAKERS[name]()
+
+
+def seeded(make, seed: int):
+    """``make()`` seeded (its env, and this process's torch RNG) before anything resets it."""
+    env = make()
+    env.set_seed(seed)
+    torch.manual_seed(seed)
+    return env
+
+
+def ended(data) -> torch.Tensor:
+    """Episode ends, or lives lost (Atari)."""
+    if ("next", "end-of-life") in data.keys(True, True):
+        return data["next", "end-of-life"]
+    return data["next", "done"]
+
+
+@pytest.mark.parametrize("name", [*MAKERS, *SOTA_MAKERS])
 def test_a_one_env_collector_gives_torchrls_batches_natively(name, no_leaks):
     """``Collector(make_env(), policy)``: one env, on the native road in this process, against TorchRL's
     ``Collector`` of the same env and policy (three batches of 40 frames, episode ends among them)."""
+    make = maker_of(name)
     kwargs = {"frames_per_batch": 40, "total_frames": 120}
-    batches = {}
+    batches, envs = {}, {}
     for label, cls in (("theirs", TorchRLCollector), ("ours", Collector)):
-        env = MAKERS[name]()
+        env = envs[label] = make()
         env.set_seed(5)  # (before the collector's first reset: TorchRL's set_seed does not start new episodes)
-        collector = cls(env, policy_for(name), **kwargs)
-        batches[label] = torch.cat([batch.clone() for batch in collector])
+        torch.manual_seed(5)  # (NoopResetEnv's draws)
+        collector = cls(env, policy_of(env), **kwargs)
         if label == "ours":
             roads = collector.env.roads()
+        batches[label] = torch.cat([batch.clone() for batch in collector])
         collector.shutdown()
     assert roads == [NATIVE]
-    assert batches["theirs"]["next", "done"].any()
+    assert ended(batches["theirs"]).any()
     assert_same(batches["ours"], batches["theirs"], "one-env Collector batches")
+    assert_same_vecnorm_statistics(envs["ours"], envs["theirs"])
+    del envs, env, collector  # (a VecNorm holds a multiprocessing lock: a semaphore, freed with it)
+    gc.collect()
 
 
-def test_multisync_batches_equal_the_serial_envs_native_data(no_leaks):
+def assert_same_vecnorm_statistics(ours, theirs) -> None:
+    """A per-env ``VecNorm``'s statistics are the env's own, where a script reads them (PPO-MuJoCo saves its
+    ``loc`` / ``scale``): equal to TorchRL's after the same steps."""
+    norms = [[part for part in env.transform if isinstance(part, VecNorm)] for env in (ours, theirs)]
+    for mine, reference in zip(*norms):
+        assert_same(mine._td, reference._td, "VecNorm statistics")
+        for a, b in zip(mine._get_loc_scale(), reference._get_loc_scale()):
+            assert_same(a, b, "VecNorm loc / scale")
+
+
+@pytest.mark.parametrize("name", ["sac-pendulum", "ppo-mujoco", "impala-atari"])
+def test_multisync_batches_equal_the_serial_envs_native_data(name, no_leaks):
     """``MultiSyncCollector([make_env] * 2, policy)``: each worker's env on the native road; its batches hold the
-    data of TorchRL's ``SerialEnv`` of the same constructors stepped with the same actions."""
-    make = MAKERS["sac-pendulum"]
-    policy = policy_for("sac-pendulum")
-    collector = MultiSyncCollector([make, make], policy, frames_per_batch=60, total_frames=60, cat_results="stack")
-    collector.set_seed(4)
+    data of TorchRL's ``SerialEnv`` of the same constructor stepped with the same actions (each worker's constructor
+    seeds its env and its process's torch RNG, whose draws ``NoopResetEnv`` takes, before the first reset)."""
+    make = maker_of(name)
+    probe = make()
+    policy = policy_of(probe)
+    probe.close()
+    del probe  # (its VecNorm's lock: a semaphore, freed with it)
+    gc.collect()
+    makers = [functools.partial(seeded, make, seed) for seed in (4, 5)]
+    collector = MultiSyncCollector(makers, policy, frames_per_batch=60, total_frames=60, cat_results="stack")
     try:
         batch = next(iter(collector))
         roads = collector.map_fn("env.roads")  # one list per worker
@@ -262,9 +311,8 @@ def test_multisync_batches_equal_the_serial_envs_native_data(no_leaks):
         collector.shutdown()
     assert roads == [[NATIVE], [NATIVE]]
     for worker in range(2):
-        env = TorchRLSerialEnv(1, make)
+        env = TorchRLSerialEnv(1, makers[worker])
         try:
-            env.set_seed(seed_chain(4, 2)[worker])  # the seed the collector gives worker w's env
             root = env.reset()
             steps = []
             for _ in range(batch.shape[-1]):
@@ -289,3 +337,37 @@ def test_the_reset_root_holds_the_transforms_entries(no_leaks):
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_per_env_vecnorm_keeps_each_envs_statistics_in_its_own_transform():
+    """The ``VecNorm`` op over 2 rows against 2 of TorchRL's ``VecNorm`` called on each env's entries: the same
+    outputs, the statistics in each env's own transform (its ``loc``), statistics it held already going on, and a
+    frozen one taking no update."""
+    from tensordict import TensorDict
+
+    from tdcollect.envs.transforms.ops import op_for
+
+    def vecnorm():
+        return VecNorm(in_keys=["observation"], decay=0.9, eps=1e-2, new_api=False)
+
+    theirs = [vecnorm(), vecnorm()]
+    owners = [vecnorm(), vecnorm()]
+    warm = TensorDict({"observation": torch.tensor([0.5, -1.0], dtype=torch.float64)}, [])
+    for transform in (theirs[1], owners[1]):  # env 1's VecNorm holds statistics already
+        transform._call(warm.clone())
+    op = op_for(owners[0], 2, torch.float32)
+    op.adopt(owners)
+    torch.manual_seed(0)
+    for step in range(6):
+        if step == 3:
+            theirs[0].freeze()
+            owners[0].freeze()
+        values = torch.randn(2, 2, dtype=torch.float64)
+        data = {"observation": values}
+        op.step(data)
+        for i in range(2):
+            reference = theirs[i]._call(TensorDict({"observation": values[i].clone()}, []))["observation"]
+            assert torch.equal(data["observation"][i], reference), (step, i)
+    for mine, reference in zip(owners, theirs):
+        assert_same(mine._td, reference._td, "statistics")
+        assert_same(mine.loc, reference.loc, "loc")

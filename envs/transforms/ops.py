@@ -33,6 +33,7 @@ An op's :meth:`Op.signature` (its settings, its transform's buffers included) sa
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
 from torchrl.envs import DoubleToFloat, Transform
 from torchrl.envs.transforms import (
     CatFrames,
@@ -302,7 +303,8 @@ class SumRewards(Op):
 
 class RunningNorm(Op):
     """``VecNorm`` (TorchRL's first version, ``new_api=False``) per env: each row keeps its own statistics, as each
-    env's own ``VecNorm`` does (``"sum"`` and ``"ssq"`` of the entry's shape and dtype, a float32 ``"count"``), updated
+    env's own ``VecNorm`` does (in that ``VecNorm``, once adopted: see :meth:`adopt`; from the statistics it holds
+    already, if any) (``"sum"`` and ``"ssq"`` of the entry's shape and dtype, a float32 ``"count"``), updated
     at each step and at each reset of its env with TorchRL's operations in TorchRL's order (``sum * decay + value``,
     ``ssq * decay + value ** 2``, ``count * decay + 1``), and the entry standardized with them
     (``(value - mean) / std.clamp_min(eps)``). Elementwise, so ``k`` rows at once give each env's own values."""
@@ -313,13 +315,38 @@ class RunningNorm(Op):
         self.eps = transform.eps
         self._k = k
         self._stats: dict = {}  # in_key -> [sum, ssq, count]
+        self._owners: list[VecNorm] = []  # the envs' own VecNorm transforms, one per row (see adopt)
+
+    def adopt(self, transforms: list[VecNorm]) -> None:
+        """Keep the statistics in the envs' own ``VecNorm`` transforms (``transforms[i]`` for row ``i``): their
+        ``loc`` / ``scale`` / state dict read what this op computes (a script saves them, an eval env copies them),
+        and a ``freeze()`` of one stops its row's updates."""
+        self._owners = list(transforms)
+
+    def _allocate(self, key, value: torch.Tensor) -> list:
+        count = torch.zeros((self._k, *([1] * (value.dim() - 1))), dtype=torch.float)
+        stats = self._stats[key] = [torch.zeros_like(value), torch.zeros_like(value), count]
+        for i, owner in enumerate(self._owners):  # TorchRL's layout: "<key>_sum", "<key>_ssq", "<key>_count" [1]
+            entries = {f"{key}_sum": stats[0][i], f"{key}_ssq": stats[1][i], f"{key}_count": count[i].view(1)}
+            for name, row in entries.items():  # statistics the env's VecNorm holds already go on from there
+                held = owner._td.get(name, None) if owner._td is not None else None
+                if held is not None:
+                    if held.shape != row.shape or held.dtype != row.dtype:
+                        raise ValueError(f"VecNorm of env {i}: its statistics {name!r} are {tuple(held.shape)} "
+                                         f"{held.dtype}, where its entry gives {tuple(row.shape)} {row.dtype}.")
+                    row.copy_(held)
+            if owner._td is None:
+                owner._td = TensorDict(entries, batch_size=[])
+            else:
+                owner._td.update(entries)
+        return stats
 
     def _update(self, key, value: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        stats = self._stats.get(key)
-        if stats is None:
-            count = torch.zeros((self._k, *([1] * (value.dim() - 1))), dtype=torch.float)
-            stats = self._stats[key] = [torch.zeros_like(value), torch.zeros_like(value), count]
+        stats = self._stats.get(key) or self._allocate(key, value)
         total, squares, count = stats
+        if self._owners and any(owner.frozen for owner in self._owners):  # (frozen rows take no update)
+            thawed = torch.tensor([[not owner.frozen] for owner in self._owners])
+            rows = thawed if rows is None else rows & thawed
         if rows is None:
             total.mul_(self.decay).add_(value)
             squares.mul_(self.decay).add_(value.pow(2))
@@ -405,8 +432,9 @@ def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
     if kind is DoubleToFloat:
         return CastOnCopy()
     if kind is VecNorm:
-        if transform._td is not None or transform.shapes is not None or transform.frozen:
-            return "VecNorm with statistics already (shared, loaded or frozen) or shapes"
+        shared = transform._td is not None and (transform._td.is_shared() or transform._td.is_memmap())
+        if shared or transform.shapes is not None:
+            return "VecNorm with shared statistics (shared_td) or shapes"
         if not all(isinstance(key, str) for key in [*transform.in_keys, *transform.out_keys]):
             return "VecNorm with nested keys"
         return RunningNorm(transform, k)

@@ -129,6 +129,10 @@ def regroup(group: EnvGroup) -> PerEnvTransformedGroup | None:
         inner.steppers = []  # (let go without closing: the envs are the TransformedEnv envs' own)
         _mark(envs, f"{TORCHRL_STEP}: the env inside takes TorchRL's step")
         return None
+    for position, op in enumerate(ops):
+        adopt = getattr(op, "adopt", None)
+        if adopt is not None:  # (its state kept in each env's own transform, where scripts read it)
+            adopt([tail[position] for tail in tails])
     _mark(envs, NATIVE)
     return PerEnvTransformedGroup(inner, envs, group.specs, ops, group.owner)
 
