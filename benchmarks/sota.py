@@ -43,6 +43,30 @@ SCRIPTS = {
     "ppo_mujoco": ("ppo", "ppo_mujoco.py", [
         "collector.frames_per_batch=1000", "collector.total_frames=6000", "optim.device=cpu",
         "loss.mini_batch_size=250", "loss.ppo_epochs=2", "logger.test_interval=1000000000"]),
+    # the scripts with one env per collector (the one-env Collector road), short configs
+    "ddpg": ("ddpg", "ddpg.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=1000", "collector.frames_per_batch=500",
+        "collector.init_env_steps=100", "collector.device=cpu", "optim.device=cpu", "optim.batch_size=64",
+        "optim.utd_ratio=0.1", "replay_buffer.size=10000", "env.max_episode_steps=100", "logger.eval_iter=1000000"]),
+    "crossq": ("crossq", "crossq.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=1000", "collector.frames_per_batch=500",
+        "collector.init_env_steps=100", "collector.device=cpu", "network.device=cpu", "optim.batch_size=64",
+        "optim.utd_ratio=0.1", "replay_buffer.size=10000", "env.max_episode_steps=100", "logger.eval_iter=1000000"]),
+    "discrete_sac": ("discrete_sac", "discrete_sac.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
+        "collector.init_env_steps=100", "collector.device=cpu", "network.device=cpu", "optim.batch_size=64",
+        "optim.utd_ratio=0.1", "replay_buffer.size=10000", "logger.eval_iter=1000000"]),
+    "cql_online": ("cql", "cql_online.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
+        "optim.device=cpu", "optim.batch_size=64", "optim.optim_steps_per_batch=10", "replay_buffer.size=10000",
+        "logger.log_interval=1000000", "env.n_samples_stats=100"]),
+    "iql_online": ("iql", "iql_online.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
+        "optim.device=cpu", "optim.batch_size=64", "replay_buffer.size=10000", "logger.eval_iter=1000000",
+        "env.n_samples_stats=100"]),
+    "rnd_mujoco": ("rnd", "rnd_mujoco.py", [
+        "collector.frames_per_batch=1000", "collector.total_frames=6000", "optim.device=cpu",
+        "loss.mini_batch_size=250", "loss.ppo_epochs=2", "logger.test_interval=1000000000"]),
     "ppo_atari": ("ppo", "ppo_atari.py", [
         "env.num_envs=2", "collector.frames_per_batch=2048", "collector.total_frames=8192", "optim.device=cpu",
         "loss.mini_batch_size=1024", "loss.ppo_epochs=1", "logger.test_interval=1000000000"]),
