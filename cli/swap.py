@@ -195,32 +195,29 @@ def sweep() -> list[str]:
     """Replace TorchRL's classes bound in modules outside TorchRL (a script's helper module that imported them
     before :func:`install` ran); returns those places (``"module.name"``). TorchRL's own modules keep what they
     bound: their machinery, not what a script names."""
-    if not _made:
-        return []
     replaced = []
-    for module_name, module in list(sys.modules.items()):
-        if _is_torchrl_or_ours(module_name):
-            continue
-        for attribute, value in _bound_classes(module):
-            if value in _made:
-                setattr(module, attribute, _made[value])
-                replaced.append(f"{module_name}.{attribute}")
+    for module_name, module, attribute, theirs in _bindings_outside_torchrl():
+        setattr(module, attribute, _made[theirs])
+        replaced.append(f"{module_name}.{attribute}")
     return replaced
 
 
 def kept_places() -> list[str]:
     """Where a module outside TorchRL still holds one of TorchRL's replaced classes, and why (a module imported
     after :func:`install` gets one only from TorchRL's private modules, which keep TorchRL's classes)."""
-    kept = []
-    for module_name, module in list(sys.modules.items()):
-        if _is_torchrl_or_ours(module_name):
-            continue
-        for attribute, value in _bound_classes(module):
-            if value in _made:
-                kept.append(f"TorchRL's {value.__name__} stayed at {module_name}.{attribute}: it was imported from "
-                            f"TorchRL's private module {value.__module__} (import it from "
-                            f"{_public_module_of(value)} to get tdcollect's)")
-    return kept
+    return [f"TorchRL's {theirs.__name__} stayed at {module_name}.{attribute}: it was imported from TorchRL's private "
+            f"module {theirs.__module__} (import it from {_public_module_of(theirs)} to get tdcollect's)"
+            for module_name, _, attribute, theirs in _bindings_outside_torchrl()]
+
+
+def _bindings_outside_torchrl() -> list[tuple]:
+    """``(module name, module, attribute, TorchRL's class)`` for each replaced TorchRL class a module outside TorchRL
+    (and tdcollect) holds."""
+    if not _made:
+        return []
+    return [(module_name, module, attribute, value) for module_name, module in list(sys.modules.items())
+            if not _is_torchrl_or_ours(module_name)
+            for attribute, value in _bound_classes(module) if value in _made]
 
 
 def _public_module_of(theirs: type) -> str:

@@ -56,7 +56,7 @@ CASES = {
     "breakout-noops-end-of-life": functools.partial(atari_gym_env, "ALE/Breakout-v5", max_episode_steps=60),
     "pong-noops": functools.partial(atari_gym_env, "ALE/Pong-v5", eol=False, max_episode_steps=45),
 }
-NATIVE = {name for name in CASES if name != "cartpole-transformed"}  # Noops and StepCounter: TorchRL's step
+NATIVE = set(CASES)  # (Noops and StepCounter too: the noops on the env's road, the step count as a per-env op)
 #: the constructors that draw from the torch RNG of the process they run in: 1 worker x 4 envs (see the test)
 DRAWING = {"cartpole-transformed", "breakout-noops-end-of-life", "pong-noops"}
 
