@@ -48,17 +48,19 @@ SCRIPTS = {
         "collector.total_frames=3000", "collector.init_random_frames=1000", "collector.frames_per_batch=500",
         "collector.init_env_steps=100", "collector.device=cpu", "optim.device=cpu", "optim.batch_size=64",
         "optim.utd_ratio=0.1", "replay_buffer.size=10000", "env.max_episode_steps=100", "logger.eval_iter=1000000"]),
-    "crossq": ("crossq", "crossq.py", [
-        "collector.total_frames=3000", "collector.init_random_frames=1000", "collector.frames_per_batch=500",
+    "crossq": ("crossq", "crossq.py", [  # (its config asks for the gym package: gymnasium is what is installed)
+        "env.library=gymnasium", "collector.total_frames=3000", "collector.init_random_frames=1000",
+        "collector.frames_per_batch=500",
         "collector.init_env_steps=100", "collector.device=cpu", "network.device=cpu", "optim.batch_size=64",
         "optim.utd_ratio=0.1", "replay_buffer.size=10000", "env.max_episode_steps=100", "logger.eval_iter=1000000"]),
     "discrete_sac": ("discrete_sac", "discrete_sac.py", [
-        "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
+        "env.library=gymnasium", "collector.total_frames=3000", "collector.init_random_frames=500",
+        "collector.frames_per_batch=500",
         "collector.init_env_steps=100", "collector.device=cpu", "network.device=cpu", "optim.batch_size=64",
         "optim.utd_ratio=0.1", "replay_buffer.size=10000", "logger.eval_iter=1000000"]),
     "cql_online": ("cql", "cql_online.py", [
         "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
-        "optim.device=cpu", "optim.batch_size=64", "optim.optim_steps_per_batch=10", "replay_buffer.size=10000",
+        "optim.device=cpu", "optim.batch_size=64", "optim.optim_steps_per_batch=2", "replay_buffer.size=10000",
         "logger.log_interval=1000000", "env.n_samples_stats=100"]),
     "iql_online": ("iql", "iql_online.py", [
         "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
