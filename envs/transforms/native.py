@@ -3,9 +3,8 @@ a few tensor operations per step (the ops of ``ops.py``), instead of TorchRL's `
 
 A worker that runs a transform over its ``k`` envs (``worker_transform``, :func:`move_transforms_to_workers`) steps
 them, by default, under TorchRL's ``TransformedEnv``: a TensorDict per step and each transform's per-call code, which
-on a fast env costs more than the env. When every part of the transform has a native op (``ops.py``: TorchRL's
-SAC four, ``InitTracker``, ``StepCounter``, ``DoubleToFloat``, ``RewardSum``, and its Atari pixel transforms,
-``RenameTransform``, ``ToTensorImage``, ``GrayScale``, ``Resize``, ``CatFrames``, ``SignTransform``), the worker runs
+on a fast env costs more than the env. When every part of the transform has a native op (``ops.py`` lists them:
+TorchRL's SAC four, its Atari pixel transforms, what its scripts put in their makers), the worker runs
 :class:`NativeTransformedGroup` instead: its envs step into worker-local buffers laid out from the envs' specs, the ops
 run in the transform's order over the ``[k]`` entries, and their outputs are copied into the shared buffers. The specs
 are TorchRL's own (the ``TransformedEnv`` is built once for them), and so are the data, value for value
@@ -241,11 +240,16 @@ class NativeTransformedGroup(GroupUnderTransform):
             for key, shared in self._root_targets:
                 shared.copy_(data[key])
             return None
-        cut = ended & ~self._base_done  # truncated by a StepCounter: not reset by its env's own road
+        self._reset_ended(ended.clone())
+        return None
+
+    def _reset_ended(self, ended: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """After a step whose envs ``ended`` (bool ``[k, 1]``): reset those a ``StepCounter`` truncated (their env's
+        own road did not), and write the reset outputs into the root rows (all, or those of ``rows``)."""
+        cut = ended & ~self._base_done
         if cut.any():
             self.inner.reset(cut.numpy())
-        self._write_reset(ended.clone())
-        return None
+        self._write_reset(ended, rows)
 
     def _step_some(self, rows: torch.Tensor) -> None:
         """Step the envs of ``rows`` (bool ``[k, 1]``): the ops update those rows' state only, and only those rows of
@@ -264,10 +268,7 @@ class NativeTransformedGroup(GroupUnderTransform):
         for key, shared in self._root_targets:
             shared[going_on] = data[key][going_on]
         if ended.any():
-            cut = ended & ~self._base_done
-            if cut.any():
-                self.inner.reset(cut.numpy())
-            self._write_reset(ended, stepped)
+            self._reset_ended(ended, stepped)
         return None
 
     def objects_of(self, touched) -> None:

@@ -7,9 +7,8 @@ transform's ``_step``) on top of the env's. Here, when every env of a group (a w
 ``SerialEnv``'s) is a ``TransformedEnv`` whose transforms all have native ops (``ops.py``) with the same
 settings, and the env inside each steps on a native road (a TorchRL ``GymEnv``: ``gymenv.py``; the leading
 ``NoopResetEnv`` / ``EndOfLifeTransform`` of TorchRL's Atari makers stay with it, on ``gymenv_transforms.py``'s
-road), the group is
-regrouped (:func:`regroup`, the family's ``regroup``): the envs inside step into local ``[k]`` buffers and the ops
-run once over the ``k`` rows (:class:`PerEnvTransformedGroup`, a
+road), the group is regrouped (:func:`regroup`, the family's ``regroup``): the envs inside step into local ``[k]``
+buffers and the ops run once over the ``k`` rows (:class:`PerEnvTransformedGroup`, a
 :class:`~tdcollect.envs.transforms.native.NativeTransformedGroup`). Each env keeps its own transform state, as each
 of TorchRL's instances keeps its own: the ops' state is per row (a step count, a return, a frame stack per env), and
 a step of some of the envs (a ``"_step"`` entry) steps those rows only. A per-env ``VecNorm`` keeps per-env
