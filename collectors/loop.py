@@ -56,7 +56,10 @@ class BatchLoop:
     def __init__(self, env: EnvBase, policy, steps: int, *, shared: bool = False, inference_mode: bool = False,
                  reset_at_each_iter: bool = False, max_frames_per_traj: int | None = None,
                  exploration_type: ExplorationType = DEFAULT_EXPLORATION_TYPE, check_actions: bool | str = True,
-                 check_values: bool = False, interruptor=None):
+                 check_values: bool = False, interruptor=None, clear_device: bool = False):
+        #: the env's TensorDicts reach the policy without a device (TorchRL's collector clears it when the env has
+        #: none or the policy runs on another device; an env stepped as it is, outside the buffer path)
+        self.clear_device = clear_device
         #: dynamic or non-tensor entries: the batches are the steps' TensorDicts stacked (see ``stacked.py``)
         self.stacked = stacking_reason(env) is not None
         if self.stacked and (len(env.batch_size) > 1 or isinstance(env, BatchedEnv) or max_frames_per_traj):
@@ -110,6 +113,17 @@ class BatchLoop:
             self._step_counts = (self.storage.get("step_count"), self.storage.get(("next", "step_count")))
         if self.buffer_path:
             self._prepare_buffer_path()
+
+    @property
+    def root(self) -> TensorDictBase:
+        """The env's current root TensorDict (what the policy reads next, outside the buffer path)."""
+        return self._root
+
+    @root.setter
+    def root(self, td: TensorDictBase) -> None:
+        if self.clear_device and td is not None:
+            td.clear_device_()
+        self._root = td
 
     def _template(self) -> TensorDictBase:
         """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
@@ -332,11 +346,8 @@ class BatchLoop:
 def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
                  check_actions: bool | str, check_values: bool = False) -> dict:
     """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
-    from torchrl.envs.utils import ExplorationType
 
-    if not isinstance(exploration_type, ExplorationType):
-        raise ValueError(f"exploration_type must be an ExplorationType ({', '.join(e.name for e in ExplorationType)})"
-                         f", got {exploration_type!r}.")
+    exploration_type = exploration_type_of(exploration_type)
     action_check(check_actions, COLLECTOR_ACTION_CHECKS)  # (an unknown mode: a clear error, in this process)
     if max_frames_per_traj is not None and max_frames_per_traj <= 0:
         max_frames_per_traj = None  # TorchRL's -1: no limit
@@ -344,6 +355,24 @@ def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, expl
             "exploration_type": exploration_type,
             "check_actions": check_actions,
             "check_values": bool(check_values)}
+
+
+def exploration_type_of(given):
+    """The ``ExplorationType`` a collector's ``exploration_type`` argument names, as TorchRL reads it: the enum, its
+    name or value in any case (TorchRL's trainer configs pass ``"RANDOM"``), or ``None`` (the default); anything else
+    is a ``ValueError`` here, not at the first batch."""
+    from torchrl.envs.utils import ExplorationType
+
+    if given is None:
+        return DEFAULT_EXPLORATION_TYPE
+    if isinstance(given, ExplorationType):
+        return given
+    if isinstance(given, str):
+        named = {name for kind in ExplorationType for name in (kind.name.lower(), kind.value)}
+        if given.lower() in named:
+            return ExplorationType(given.lower())
+    raise ValueError(f"exploration_type must be an ExplorationType or its name "
+                     f"({', '.join(e.name for e in ExplorationType)}), got {given!r}.")
 
 
 def _is_next(key) -> bool:

@@ -64,5 +64,15 @@ def test_exploration_type_deterministic_takes_the_mode(kind, no_leaks):
 
 
 def test_exploration_type_is_checked():
-    with pytest.raises(ValueError, match="exploration_type must be an ExplorationType"):
-        Collector(SerialEnv(1, FACTORY), None, frames_per_batch=10, exploration_type="random")
+    with pytest.raises(ValueError, match="exploration_type must be an ExplorationType or its name"):
+        Collector(SerialEnv(1, FACTORY), None, frames_per_batch=10, exploration_type="sampling")
+    with pytest.raises(ValueError, match="exploration_type must be an ExplorationType or its name"):
+        Collector(SerialEnv(1, FACTORY), None, frames_per_batch=10, exploration_type=2)
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
+def test_exploration_type_by_name_as_torchrl_configs_pass_it(kind, no_leaks):
+    # TorchRL's trainer configs pass exploration_type="RANDOM"; TorchRL's collectors take a name in any case
+    assert _argmax_share(_collectors(exploration_type="DETERMINISTIC")[kind]()) == 1.0
+    share = _argmax_share(_collectors(exploration_type="random")[kind]())
+    assert 0.35 < share < 0.70, f"{share:.0%} argmax actions: the actor did not sample"
