@@ -17,6 +17,7 @@ import time
 
 import torch
 from tensordict import TensorDictBase
+from torchrl.collectors import BaseCollector
 
 from tdcollect.envs.engine.recycle import Recycler
 
@@ -448,6 +449,11 @@ class CollectorBase:
             self.shutdown()
         except Exception:  # noqa: BLE001 - nothing useful can be done at garbage collection
             pass
+
+
+# a virtual subclass of TorchRL's base (an ABC): TorchRL's code that checks ``isinstance(collector, BaseCollector)``
+# before it uses one (its trainers and their hydra configs) takes ours, as it takes its own
+BaseCollector.register(CollectorBase)
 
 
 def _is_private(key) -> bool:

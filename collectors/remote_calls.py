@@ -16,6 +16,8 @@ import re
 
 import cloudpickle
 
+from tdcollect.envs.engine.errors import EnvWorkerError
+
 from .profiling import RolloutProfiler, profile_config
 
 
@@ -92,10 +94,27 @@ def dump_env_transform(env, step: int | None = None) -> None:
         dump(step=step)
 
 
-class LocalCalls:
+class AttributeCalls:
+    """TorchRL's ``getattr_policy(attr)`` and ``getattr_rb(attr)``: an attribute of the policy (the module given)
+    or of the replay buffer, both held in this process (TorchRL's trainers read the buffer's and the env's specs
+    through these); ``getattr_env`` is each kind's own."""
+
+    def getattr_policy(self, attr: str):
+        module = self._policy_module()
+        return getattr(self.policy if module is None else module, attr)
+
+    def getattr_rb(self, attr: str):
+        return getattr(self.replay_buffer, attr)
+
+
+class LocalCalls(AttributeCalls):
     """The helpers for a collector whose env and policy are in this process."""
 
     worker_idx = None  # TorchRL's: the index of a collector that is a worker (None: it is not)
+
+    def getattr_env(self, attr: str):
+        """An attribute of the env this collector steps (TorchRL's ``getattr_env``)."""
+        return getattr(self.env, attr)
 
     def map_fn(self, method_name: str, list_of_args=None, list_of_kwargs=None) -> list:
         return [call_path(self, method_name, args, kwargs)
@@ -114,8 +133,21 @@ class LocalCalls:
         self._loop.profiler = RolloutProfiler(self.profile_config, 0)
 
 
-class WorkerCalls:
+class WorkerCalls(AttributeCalls):
     """The helpers for the process collectors: one call per worker, on its collector loop."""
+
+    def getattr_env(self, attr: str):
+        """An attribute of the first worker's env (TorchRL's ``getattr_env``: ``"full_action_spec_unbatched"``, ...);
+        an ``AttributeError`` when it has none."""
+        if not isinstance(attr, str) or not attr.isidentifier():
+            raise TypeError(f"getattr_env takes an attribute name, got {attr!r}.")
+        self._settle()
+        try:
+            return self._pool.call("call_method", [("get_distant_attr", (f"env.{attr}",), {})], [0])[0]
+        except EnvWorkerError as err:
+            if err.exc_type == "AttributeError":  # (as TorchRL's: the worker's AttributeError, here)
+                raise AttributeError(err.exc_message) from None
+            raise
 
     def map_fn(self, method_name: str, list_of_args=None, list_of_kwargs=None) -> list:
         pairs = paired_arguments(list_of_args, list_of_kwargs, self.num_workers)

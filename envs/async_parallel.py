@@ -51,6 +51,7 @@ class AsyncParallelEnv(ParallelEnv):
                 f"AsyncParallelEnv needs 1 <= batch_workers <= num_workers ({num_workers}), got {batch_workers!r}."
             )
         super().__init__(num_workers, create_env_fn, create_env_kwargs, **kwargs)
+        self._arguments["batch_workers"] = batch_workers  # (a pickle of it is built again with it: __reduce__)
         if self._non_tensor_keys or self.batch_dims != 1:
             self.close()
             raise ArgumentError(

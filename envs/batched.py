@@ -574,3 +574,16 @@ class BatchedEnv(Forwarding, EnvBase):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_envs={self.num_envs}, closed={self.is_closed}, "
                 f"observation keys={list(self.full_observation_spec.keys(True, True))})")
+
+
+def built_again(cls: type, arguments: dict) -> BatchedEnv:
+    """A batched env of ``cls`` built with ``arguments``: what a pickled ParallelEnv or SerialEnv becomes (see
+    their ``__reduce__``)."""
+    return cls(**arguments)
+
+
+def own_class(env: BatchedEnv) -> type:
+    """The class a pickle of ``env`` is built again as: its own, but for a class that stands in for TorchRL's under
+    ``tdcollect run`` (``cli/swap.py``: named as TorchRL's, so a pickle by name could reach TorchRL's own class in
+    another process): then the tdcollect class it extends."""
+    return next(cls for cls in type(env).__mro__ if "torchrl_class" not in cls.__dict__)

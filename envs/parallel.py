@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .batched import BatchedEnv
+from .batched import BatchedEnv, built_again, own_class
 from .engine.errors import (
     ArgumentError,
     SharedMemoryError,
@@ -131,7 +131,8 @@ class ParallelEnv(BatchedEnv):
                                mp_start_method=mp_start_method, timeout=timeout, check_actions=check_actions,
                                check_values=check_values, max_restarts=max_restarts, spin_s=spin_s, device=device,
                                num_threads=num_threads, num_sub_threads=num_sub_threads, daemon=daemon,
-                               shutdown_timeout=shutdown_timeout, owner=owner)
+                               shutdown_timeout=shutdown_timeout, owner=owner, serial_for_single=serial_for_single,
+                               **torchrl_options)
         self.__dict__["worker_transform"] = worker_transform  # as given; not a submodule of this env (EnvBase is one)
         self._wrap = None if worker_transform is None else WorkerTransform(worker_transform, owner)
         self.create_env_fn = fns
@@ -161,6 +162,13 @@ class ParallelEnv(BatchedEnv):
             self._shutdown()
             raise
         self.check_values = bool(check_values)
+
+    def __reduce__(self):
+        """What a pickle of it holds (how TorchRL's process collectors and tdcollect's send a batched env instance
+        to their workers): its class, constructors and arguments. Unpickled, it is a new env of the same
+        constructors, started there; the envs' state (episodes, seeds) does not travel, as with TorchRL's."""
+        arguments = {**self._arguments, "worker_transform": self.__dict__["worker_transform"]}
+        return built_again, (own_class(self), arguments)
 
     def with_worker_transform(self, transform) -> ParallelEnv:
         """A ParallelEnv built with this one's constructors and arguments whose workers run ``transform`` (see

@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .batched import BatchedEnv
+from .batched import BatchedEnv, built_again, own_class
 from .engine.group import EnvGroup, build_group
 from .engine.platform_policy import built_on_cpu
 from .engine.shared import allocate_buffers
@@ -55,6 +55,19 @@ class SerialEnv(BatchedEnv):
         self._adopt(build_group(bind_kwargs(self.create_env_fn, self.create_env_kwargs), owner, registered()), owner,
                     check_actions, device)
         self.check_values = bool(check_values)
+        #: the arguments it was built with (a pickle of it is built again with them: ``__reduce__``)
+        self._arguments = dict(num_envs=num_envs, create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,
+                               owner=owner, check_actions=check_actions, check_values=check_values, device=device,
+                               **torchrl_options)
+
+    def __reduce__(self):
+        """What a pickle of it holds: its class, constructors and arguments; unpickled, a new SerialEnv of the same
+        constructors (the envs' state does not travel, as with TorchRL's). One over envs built elsewhere
+        (:meth:`of_group`) has no constructors: it cannot be pickled."""
+        if self.create_env_fn is None:
+            raise TypeError(f"{self.owner}: a SerialEnv over envs built elsewhere cannot be pickled (it has no "
+                            "constructors to build them again from).")
+        return built_again, (own_class(self), self._arguments)
 
     @classmethod
     def of_group(cls, group: EnvGroup, owner: str) -> SerialEnv:
@@ -99,6 +112,12 @@ class SerialEnv(BatchedEnv):
 
     def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None) -> list:
         return self._group.env_attribute(path, op, args, kwargs)
+
+    def release(self) -> None:
+        """Close this SerialEnv but not its envs: they stay open, the caller's (a collector that wrapped one env
+        instance and steps it as it is after all, see ``collectors/worker.py``)."""
+        self._group.release()
+        self.close()
 
     def _shutdown(self) -> None:
         self._group.close()

@@ -157,3 +157,52 @@ def test_a_one_env_policy_output_that_is_an_input_tensor_is_kept(no_leaks):
     with Collector(ContinuousActionVecMockEnv(), policy, frames_per_batch=4, total_frames=4) as ours:
         batch = next(iter(ours))
     assert torch.equal(batch["copied"], batch["observation"])
+
+
+def test_our_collectors_are_torchrls_base_collectors():
+    """TorchRL's trainers check ``isinstance(collector, BaseCollector)`` before they take one: ours pass it."""
+    from torchrl.collectors import BaseCollector
+
+    from tdcollect.collectors import AsyncCollector, MultiAsyncCollector
+
+    for cls in (Collector, MultiSyncCollector, MultiAsyncCollector, AsyncCollector):
+        assert issubclass(cls, BaseCollector), cls
+    with Collector(DiscreteActionVecMockEnv, None, frames_per_batch=5, total_frames=5) as ours:
+        assert isinstance(ours, BaseCollector)
+
+
+def test_a_process_collector_takes_a_batched_env_instance_as_torchrls_does(no_leaks):
+    """A ``ParallelEnv`` instance given to a process collector (TorchRL's trainer configs do it) is copied into
+    each worker: a new env of the same constructors there (ours pickle as TorchRL's batched envs do)."""
+    from torchrl.envs import GymEnv
+
+    from tdcollect.envs import ParallelEnv
+
+    env = ParallelEnv(1, functools.partial(GymEnv, "CartPole-v1"))
+    try:
+        with MultiSyncCollector([env, env], None, frames_per_batch=20, total_frames=40) as ours:
+            batches = list(ours)
+    finally:
+        env.close()
+    assert [tuple(batch.batch_size) for batch in batches] == [(2, 1, 10), (2, 1, 10)]  # (as TorchRL's layout)
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
+def test_getattr_env_policy_and_rb_as_torchrls(kind, no_leaks):
+    """TorchRL's SAC and CQL trainers read ``collector.getattr_env("full_action_spec_unbatched")``."""
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    policy = bias_policy(0.5)
+    buffer = ReplayBuffer(storage=LazyTensorStorage(100))
+    make = ContinuousActionVecMockEnv
+    if kind == "Collector":
+        collector = Collector(make, policy, frames_per_batch=10, total_frames=10, replay_buffer=buffer)
+    else:
+        collector = MultiSyncCollector([make, make], policy, frames_per_batch=10, total_frames=10,
+                                       replay_buffer=buffer)
+    with collector:
+        assert collector.getattr_env("full_action_spec_unbatched") == make().full_action_spec_unbatched
+        assert collector.getattr_policy("out_keys") == ["action"]
+        assert collector.getattr_rb("storage") is buffer.storage
+        with pytest.raises(AttributeError):
+            collector.getattr_env("no_such_attribute")
