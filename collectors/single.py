@@ -113,7 +113,8 @@ class Collector(LocalCalls, CollectorBase):
                                                self.env.full_observation_spec, wrapped), compile_policy)
             self._module = policy_module(policy) if policy is not None else None
             self._loop = BatchLoop(self.env, self.policy, steps, interruptor=interruptor, **loop_options(
-                reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values))
+                reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values),
+                clear_device=clears_device(env_device or device, policy_device or device))
         except BaseException:
             self._shutdown()
             raise
@@ -188,6 +189,12 @@ class Collector(LocalCalls, CollectorBase):
         closes = self.__dict__.get("_owns_env") or self.__dict__.get("_closes_given_env", False)
         if closes and not self.env.is_closed:
             self.env.close()
+
+
+def clears_device(env_device, policy_device) -> bool:
+    """Whether TorchRL's collector gives the policy the env's TensorDicts without a device: when the env has no
+    device or the policy runs on another one (what it does; our buffer path's TensorDicts have none anyway)."""
+    return env_device is None or policy_device is None or torch.device(env_device) != torch.device(policy_device)
 
 
 def same_device(env_device, policy_device):

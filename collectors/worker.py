@@ -21,6 +21,7 @@ from tdcollect.envs.engine.errors import SpecMismatchError, sendable
 from tdcollect.envs.engine.protocol import COLLECT, COLLECT_RANDOM, WorkerChannel
 from tdcollect.envs.engine.shared import EnvSpecs, unbufferable
 from tdcollect.envs.factories import PickledFactory, bind_kwargs, constructors_and_kwargs, is_env_instance
+from tdcollect.envs.libs.envbase import TORCHRL_STEP
 from tdcollect.envs.serial import SerialEnv
 
 from .loop import BatchLoop
@@ -36,8 +37,9 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
     unbatched TorchRL env, ...) becomes a one-env SerialEnv, which raises a ``TypeError`` for anything else. A
     callable that is not an env is called first (``owned``: the collector built it, so it closes it).
     ``unbatched``: the env has no batch dim (its batches are ``[T]`` in TorchRL's layout, not ``[1, T]``); it
-    was wrapped, but when a SerialEnv's step buffers cannot hold it (:func:`fits_step_buffers`): then it is
-    stepped as it is."""
+    was wrapped, but when a SerialEnv's step buffers cannot hold it (:func:`fits_step_buffers`) or when the
+    SerialEnv would step it through its own ``step_and_maybe_reset`` (no native road for it: "TorchRL's step" in
+    ``roads()``): then it is stepped as it is, as TorchRL's collector steps it."""
     owned = False
     env = env_or_factory
     if not is_env_instance(env):
@@ -48,7 +50,11 @@ def make_batched_env(env_or_factory, owner: str) -> tuple[EnvBase, bool, bool]:
         return env, owned, True  # stepped as it is (see stacked.py)
     if not isinstance(env, EnvBase) or env.batch_size == ():
         instance = env
-        return SerialEnv(1, lambda: instance, owner=owner), True, True
+        wrapped = SerialEnv(1, lambda: instance, owner=owner)
+        if isinstance(env, EnvBase) and wrapped.roads()[0].startswith(TORCHRL_STEP):
+            wrapped.release()  # its own step_and_maybe_reset either way: the wrap would only add copies
+            return env, owned, True
+        return wrapped, True, True
     return env, owned, False
 
 

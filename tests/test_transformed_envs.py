@@ -281,6 +281,29 @@ def test_a_one_env_collector_gives_torchrls_batches_natively(name, no_leaks):
     gc.collect()
 
 
+def test_a_one_env_collector_steps_an_env_without_a_native_road_as_it_is(no_leaks):
+    """An env whose transforms have no native op takes TorchRL's step whatever wraps it: the one-env ``Collector``
+    steps it as it is, as TorchRL's does (no one-env SerialEnv copying its outputs), with TorchRL's batches."""
+    def make():
+        return transformed("CartPole-v1", lambda: Compose(NotNative(), StepCounter(7)))
+
+    batches = {}
+    for label, cls in (("theirs", TorchRLCollector), ("ours", Collector)):
+        env = make()
+        env.set_seed(3)
+        collector = cls(env, policy_of(env), frames_per_batch=30, total_frames=90)
+        if label == "ours":
+            stepped = collector.env
+        batches[label] = torch.cat([batch.clone() for batch in collector])
+        collector.shutdown()
+        if label == "ours":
+            assert stepped is env
+            assert env.is_closed  # (closed by shutdown, as TorchRL's collector closes the env it was given)
+    assert batches["ours"].batch_size == batches["theirs"].batch_size == (90,)
+    assert ended(batches["theirs"]).any()
+    assert_same(batches["ours"], batches["theirs"], "one-env Collector batches on TorchRL's step")
+
+
 def assert_same_vecnorm_statistics(ours, theirs) -> None:
     """A per-env ``VecNorm``'s statistics are the env's own, where a script reads them (PPO-MuJoCo saves its
     ``loc`` / ``scale``): equal to TorchRL's after the same steps."""

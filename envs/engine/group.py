@@ -172,6 +172,11 @@ class EnvGroup:
         self.steppers = []
         self._block = None
 
+    def release(self) -> None:
+        """Let go of the envs without closing them (they stay whoever built them's); the group steps nothing more."""
+        self.steppers = []
+        self._block = None
+
 
 def build_group(factories: Sequence[Callable[[], Any]], owner: str, families: Sequence[Family], first_index: int = 0):
     """The envs of ``factories`` built here as an :class:`EnvGroup`, or what the first family's ``regroup`` makes of

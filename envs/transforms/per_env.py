@@ -125,7 +125,7 @@ def regroup(group: EnvGroup) -> PerEnvTransformedGroup | None:
         return None
     inner = EnvGroup([_Built(inside) for inside in insides], group.owner, group.families, group.first_index)
     if any(type(stepper) is TorchRLStepper for stepper in inner.steppers):
-        inner.steppers = []  # (let go without closing: the envs are the TransformedEnv envs' own)
+        inner.release()  # (the envs are the TransformedEnv envs' own)
         _mark(envs, f"{TORCHRL_STEP}: the env inside takes TorchRL's step")
         return None
     for position, op in enumerate(ops):
