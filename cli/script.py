@@ -87,22 +87,27 @@ def _print_from_script(err: BaseException, script: Path) -> None:
     traceback.print_exception(type(err), err, tb or err.__traceback__)
 
 
+#: the packages whose module bodies the finder counts: TorchRL's, and tdcollect's own (a script that imports
+#: tdcollect first imports TorchRL inside it: the names are replaced once tdcollect's outermost body has run)
+WATCHED = ("torchrl", "tdcollect")
+
+
 class _SwapOnImport(importlib.abc.MetaPathFinder):
-    """A finder first on ``sys.meta_path`` for TorchRL's modules: it finds each as the other finders do and wraps its
-    loader (:class:`_CountingLoader`), so that when the outermost TorchRL module being imported has run its body (all
-    of TorchRL that this import brought in is initialized) and before the import that asked for it goes on, the
-    names :func:`swap.install` can replace are replaced."""
+    """A finder first on ``sys.meta_path`` for TorchRL's modules (and tdcollect's, :data:`WATCHED`): it finds each as
+    the other finders do and wraps its loader (:class:`_CountingLoader`), so that when the outermost such module
+    being imported has run its body (all of TorchRL that this import brought in is initialized) and before the
+    import that asked for it goes on, the names :func:`swap.install` can replace are replaced."""
 
     def __init__(self, layout: str, report: bool):
         self.layout = layout
         self.report = report
-        self.ran: set[str] = set()  # the public modules whose bodies have run (still initializing, maybe)
+        self.ran: set[str] = set()  # the public and tdcollect modules whose bodies have run (initializing, maybe)
         self.lock = threading.RLock()  # one replacing at a time
         self.installing = False  # a replacing is running (in the thread holding the lock)
-        self.depth = threading.local()  # .n: the TorchRL modules this thread is running the bodies of
+        self.depth = threading.local()  # .n: the watched modules this thread is running the bodies of
 
     def find_spec(self, name, path, target=None):
-        if name != "torchrl" and not name.startswith("torchrl."):
+        if not any(name == package or name.startswith(f"{package}.") for package in WATCHED):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -115,7 +120,7 @@ class _SwapOnImport(importlib.abc.MetaPathFinder):
         return None
 
     def run_body(self, loader, module, name: str) -> None:
-        """Run ``module``'s body with its ``loader``; once the outermost TorchRL body of this thread has run,
+        """Run ``module``'s body with its ``loader``; once the outermost watched body of this thread has run,
         replace what can be replaced."""
         depth = getattr(self.depth, "n", 0)
         self.depth.n = depth + 1
@@ -123,7 +128,7 @@ class _SwapOnImport(importlib.abc.MetaPathFinder):
             loader.exec_module(module)
         finally:
             self.depth.n = depth
-        if name in swap.PUBLIC_MODULES:
+        if name in swap.PUBLIC_MODULES or name.startswith("tdcollect"):
             self.ran.add(name)
         if depth == 0:
             self.replace_ready()
@@ -146,7 +151,7 @@ class _SwapOnImport(importlib.abc.MetaPathFinder):
 
 
 class _CountingLoader:
-    """A TorchRL module's own loader, whose ``exec_module`` runs through the finder (:meth:`_SwapOnImport.run_body`);
+    """A watched module's own loader, whose ``exec_module`` runs through the finder (:meth:`_SwapOnImport.run_body`);
     everything else is the loader's (``get_source``, ``is_package``, resources, ...)."""
 
     def __init__(self, loader, finder: _SwapOnImport, name: str):

@@ -168,7 +168,8 @@ def install(layout: str = "machine", cores: int | None = None, ran: frozenset[st
     as it is."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    todo = [name for name in pending() if ran is None or all(need in ran or _ready(need) for need in NEEDS[name])]
+    todo = [name for name in pending() if ran is None or (
+        all(need in ran or _ready(need) for need in NEEDS[name]) and not _ours_initializing(name, ran))]
     if not todo:
         return []
     from tdcollect.envs.engine.platform_policy import usable_cores
@@ -243,6 +244,14 @@ def _bound_classes(module) -> list[tuple[str, type]]:
 def pending() -> list[str]:
     """The modules of :data:`PUBLIC_MODULES` :func:`install` has not done yet."""
     return [name for name in PUBLIC_MODULES if name not in _done]
+
+
+def _ours_initializing(module_name: str, ran) -> bool:
+    """Whether a tdcollect module whose classes replace ``module_name``'s is still running its body (TorchRL was
+    imported by tdcollect's own import: its classes are not all defined yet; the replacing waits for its end).
+    ``ran``: the modules whose bodies have run."""
+    ours = {our_module for our_module, _ in PUBLIC_MODULES[module_name].values()}
+    return any(name in sys.modules and not _ready(name) and name not in ran for name in ours)
 
 
 def _ready(module_name: str) -> bool:

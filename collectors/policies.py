@@ -197,6 +197,16 @@ def make_policy(policy, full_action_spec, policy_device=None, observation_spec=N
     return policy
 
 
+def with_exploration_specs(policy, env):
+    """``policy``, its exploration modules built without a spec (``AdditiveGaussianModule(spec=None)``: TorchRL's
+    TD3 trainer config) given the env's action spec, as TorchRL's collectors give it (its own function)."""
+    if isinstance(policy, nn.Module):
+        from torchrl.modules import set_exploration_modules_spec_from_env
+
+        set_exploration_modules_spec_from_env(policy, env)
+    return policy
+
+
 def policy_module(policy) -> nn.Module | None:
     """The ``nn.Module`` holding the policy's weights, if any."""
     while isinstance(policy, (OnDevice, OnOneEnv)):

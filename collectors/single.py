@@ -11,7 +11,7 @@ from torchrl.envs.utils import ExplorationType
 from .base import CollectorBase
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
-from .policies import make_policy, one_policy, policy_module
+from .policies import make_policy, one_policy, policy_module, with_exploration_specs
 from .policy_transforms import with_policy_transforms
 from .preemption import steps_taken_mask
 from .remote_calls import LocalCalls
@@ -107,6 +107,7 @@ class Collector(LocalCalls, CollectorBase):
         self.env, self._owns_env, self._unbatched = make_batched_env(create_env_fn, "Collector")
         try:
             self.env = with_policy_transforms(self.env, policy, auto_register_policy_transforms, "Collector")
+            policy = with_exploration_specs(policy, self.env)
             steps = self.steps_per_batch(frames_per_batch, self.env.batch_size.numel(), "Collector")
             wrapped = self._unbatched and bool(self.env.batch_size)  # (with batch [1]: see make_batched_env)
             self.policy = compiled(make_policy(policy, self.env.full_action_spec, policy_device or device,

@@ -26,7 +26,7 @@ from tdcollect.envs.serial import SerialEnv
 
 from .loop import BatchLoop
 from .options import compiled
-from .policies import make_policy, policy_module
+from .policies import make_policy, policy_module, with_exploration_specs
 from .policy_transforms import with_policy_transforms
 from .stacked import stacking_reason
 
@@ -109,6 +109,7 @@ def build_worker(factory, policy_payload: bytes | None, policy_device, owner: st
         user_policy = cloudpickle.loads(policy_payload) if policy_payload is not None else None
         if isinstance(user_policy, BuiltInWorker):
             user_policy = user_policy.policy_factory()
+        user_policy = with_exploration_specs(user_policy, env)
         policy = make_policy(user_policy, env.full_action_spec, policy_device, env.full_observation_spec,
                              unbatched=unbatched and bool(env.batch_size))
         module = policy_module(user_policy)  # the user's module, as the shared weights were taken from it

@@ -206,3 +206,19 @@ def test_getattr_env_policy_and_rb_as_torchrls(kind, no_leaks):
         assert collector.getattr_rb("storage") is buffer.storage
         with pytest.raises(AttributeError):
             collector.getattr_env("no_such_attribute")
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
+def test_an_exploration_module_without_a_spec_gets_the_envs(kind, no_leaks):
+    """TorchRL's TD3 trainer config builds ``AdditiveGaussianModule(spec=None)``: TorchRL's collectors give it the
+    env's action spec before they call the policy; ours too (else: "spec has not been set")."""
+    from torchrl.modules import AdditiveGaussianModule
+
+    policy = TensorDictSequential(bias_policy(0.5), AdditiveGaussianModule(spec=None, sigma_init=0.1))
+    make = ContinuousActionVecMockEnv
+    collector = (Collector(make, policy, frames_per_batch=10, total_frames=10) if kind == "Collector" else
+                 MultiSyncCollector([make, make], policy, frames_per_batch=10, total_frames=10))
+    with collector:
+        batch = next(iter(collector))
+    assert batch["action"].shape[-1] == 7
+    assert not torch.equal(batch["action"], torch.full_like(batch["action"], 0.5))  # the noise was added

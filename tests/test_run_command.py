@@ -3,6 +3,8 @@ TorchRL's, in the script's process and in the processes it starts (fork and spaw
 config and exit status as ``python SCRIPT`` gives them; no worker left behind."""
 from __future__ import annotations
 
+import functools
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -247,6 +249,22 @@ def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
                                                "Python file, as to python)"]
 
 
+def test_a_script_that_imports_tdcollect_first_gets_every_class_replaced(tmp_path, no_leaks):
+    """``import tdcollect.collectors`` before any TorchRL import: TorchRL is imported inside tdcollect's own import,
+    and the names are replaced once tdcollect's classes are all defined (not halfway, which failed)."""
+    run = tdcollect_run(tmp_path, """
+        import tdcollect.collectors
+        from torchrl.collectors import MultiSyncCollector
+        from torchrl.envs import ParallelEnv
+
+        print(MultiSyncCollector.__mro__[1].__module__, ParallelEnv.__mro__[1].__module__)
+    """)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["tdcollect.collectors.multi_sync", "tdcollect.envs.parallel"]
+    said = [line for line in run.stderr.splitlines() if line.startswith("tdcollect run:")]
+    assert "torchrl.collectors.{Collector" in said[0] and "torchrl.envs.{ParallelEnv" in said[0]
+
+
 def test_no_worker_is_left_when_the_script_raises_with_its_env_open(tmp_path, no_leaks):
     run = tdcollect_run(tmp_path, """
         import gymnasium as gym
@@ -350,6 +368,54 @@ def test_the_laid_out_env_gives_torchrls_data(swapped, no_leaks):
     finally:
         ours.close()
         reference.close()
+
+
+def test_a_copy_of_a_swapped_parallel_env_is_ours_in_every_process(swapped, no_leaks):
+    """TorchRL's trainer configs hand a process collector a ``ParallelEnv`` *instance* (``batched_env``), which
+    the collector copies into its workers by pickle: the copy is a new env of tdcollect's class (not TorchRL's,
+    which the swapped class's TorchRL name would reach in a process without the swap), of the same constructors."""
+    import pickle
+
+    import torchrl.envs
+    from torchrl.envs import GymEnv
+
+    from tdcollect.envs import ParallelEnv as OurParallelEnv
+
+    env = torchrl.envs.ParallelEnv(2, functools.partial(GymEnv, "CartPole-v1"))
+    try:
+        copy = pickle.loads(pickle.dumps(env))
+        try:
+            assert type(copy) is OurParallelEnv
+            assert copy.batch_size == env.batch_size and copy.full_observation_spec == env.full_observation_spec
+            assert copy.rollout(3).batch_size == (2, 3)
+        finally:
+            copy.close()
+    finally:
+        env.close()
+
+
+TRAINERS = ROOT.parent / "shared" / "torchrl-tests" / "sota-implementations"
+
+
+def test_torchrls_trainer_configs_build_our_collector_under_the_command(tmp_path, no_leaks):
+    """TorchRL's hydra-configured DQN trainer (its ``_target_`` collector config, ``exploration_type="RANDOM"``, an
+    ``isinstance(collector, BaseCollector)`` check, a ``batched_env`` instance) runs to its end with our collector
+    and envs: no call kept TorchRL's class."""
+    pytest.importorskip("hydra")
+    if not (TRAINERS / "dqn_trainer").is_dir():
+        pytest.skip("needs ../shared/torchrl-tests (TorchRL's pinned scripts)")
+    folder = tmp_path / "dqn_trainer"
+    shutil.copytree(TRAINERS / "dqn_trainer", folder)
+    run = subprocess.run([sys.executable, "-m", "tdcollect", "run", "train.py", "collector.total_frames=400",
+                          "collector.frames_per_batch=200", "collector.init_random_frames=200",
+                          "trainer.optim_steps_per_batch=2", "trainer.progress_bar=false", "trainer.log_interval=200",
+                          f"hydra.run.dir={tmp_path / 'outputs'}"],
+                         capture_output=True, text=True, timeout=240, cwd=folder)
+    said = [line for line in run.stderr.splitlines() if line.startswith("tdcollect run:")]
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert said and "torchrl.collectors.{Collector" in said[0]
+    assert not [line for line in said if "kept" in line], said
+    assert list((tmp_path / "outputs").rglob("loss.csv")), "the trainer logged no loss"
 
 
 def test_the_guide_page_shows_what_the_command_does(tmp_path, no_leaks):
