@@ -22,14 +22,32 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 STANDINS = Path(__file__).resolve().parent / "sota_standins"
+#: the short run of every trainer script (3,000 frames in batches of 500, a few optimization steps per batch, a
+#: log line per batch)
+TRAINER_SHORT = ["collector.total_frames=3000", "collector.frames_per_batch=500", "trainer.total_frames=3000",
+                 "trainer.optim_steps_per_batch=5", "trainer.progress_bar=false", "trainer.log_interval=500"]
+#: why a script's short config changes more than its length (shown under the table)
+CONFIG_NOTES = {
+    "crossq": "its config asks for the gym package; env.library=gymnasium (installed) for both runs",
+    "discrete_sac": "its config asks for the gym package; env.library=gymnasium (installed) for both runs",
+    "ppo_trainer": "as shipped its config fails (Key 'offline' not in 'CSVLoggerConfig': the CSV logger given "
+                   "wandb's keys); logger=wandb, disabled, for both runs",
+    "redq": "as shipped its prioritized buffer needs TorchRL's C++ segment trees, which its CPU wheel lacks here "
+            "(SumSegmentTreeFp32 is not available); buffer.prb=0 for both runs",
+    "td3_trainer": "as shipped its networks ask for the mps device (Apple's); networks on the CPU for both runs",
+}
+#: the scripts whose logger is configured in the config file (the trainers): no ``logger.backend=csv`` override
+OWN_LOGGER = "_trainer"
 #: script -> (folder, file, hydra overrides); every run also logs with TorchRL's CSV logger (see :func:`run`)
 SCRIPTS = {
     "sac": ("sac", "sac.py", [
@@ -66,9 +84,31 @@ SCRIPTS = {
         "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
         "optim.device=cpu", "optim.batch_size=64", "replay_buffer.size=10000", "logger.eval_iter=1000000",
         "env.n_samples_stats=100"]),
+    "discrete_cql_online": ("cql", "discrete_cql_online.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
+        "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000", "logger.eval_iter=1000000",
+        "env.n_samples_stats=100"]),
+    "discrete_iql": ("iql", "discrete_iql.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
+        "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000", "logger.eval_iter=1000000"]),
     "rnd_mujoco": ("rnd", "rnd_mujoco.py", [
         "collector.frames_per_batch=1000", "collector.total_frames=6000", "optim.device=cpu",
         "loss.mini_batch_size=250", "loss.ppo_epochs=2", "logger.test_interval=1000000000"]),
+    "redq": ("redq", "redq.py", [
+        "collector.total_frames=3000", "collector.init_random_frames=500",
+        "collector.frames_per_batch=500", "optim.init_random_frames=500", "optim.steps_per_batch=5",
+        "env.init_env_steps=100", "buffer.size=10000", "buffer.batch_size=64", "buffer.prb=0",
+        "logger.record_interval=1000000"]),
+    # TorchRL's hydra-configured trainers (their collectors and envs come from ``_target_`` configs)
+    **{f"{name}_trainer": (f"{name}_trainer", "train.py", [*TRAINER_SHORT, *extra])
+       for name, extra in {
+           "a2c": [], "ppo": ["logger=wandb"], "reinforce": [],
+           "sac": ["collector.init_random_frames=500"],
+           "cql": ["collector.init_random_frames=500"], "ddpg": ["collector.init_random_frames=500"],
+           "dqn": ["collector.init_random_frames=500"], "iql": ["collector.init_random_frames=500"],
+           "td3": ["collector.init_random_frames=500", "networks.policy_network.device=cpu",
+                   "networks.qvalue_network.device=cpu"],
+       }.items()},
     "ppo_atari": ("ppo", "ppo_atari.py", [
         "env.num_envs=2", "collector.frames_per_batch=2048", "collector.total_frames=8192", "optim.device=cpu",
         "loss.mini_batch_size=1024", "loss.ppo_epochs=1", "logger.test_interval=1000000000"]),
@@ -131,12 +171,46 @@ def prepare(rl: Path, script: str, impl: str, root: Path) -> Path:
 PROBE = Path(__file__).resolve().parent / "sota_probe"
 
 
-def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool = False) -> dict:
-    """One run of ``script`` the ``impl`` way: ``{"seconds": wall time, "collect_s": time in the collector's
-    next(), "frames": frames it gave, "scalars": {logged name: [values]}}`` (the CSV logger's)."""
+#: what hydra prints when the script's main raised (a script whose collector workers are still alive may then
+#: wait for them at exit for ever: TorchRL's process collectors do, when a script stops before shutting them down)
+HYDRA_FAILED = "Error executing job"
+
+
+def _wait(process: subprocess.Popen, timeout: float, grace: float = 20.0) -> tuple[str, str]:
+    """``(stderr, why it was killed or "")``: waits for ``process``; one still alive ``grace`` seconds after hydra
+    said its job failed, or after ``timeout`` seconds, is killed with its process group (its children)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
+    start = time.perf_counter()
+    failed_at = None
+    while process.poll() is None:
+        if failed_at is None and any(line.startswith(HYDRA_FAILED) for line in list(lines)):
+            failed_at = time.perf_counter()
+        now = time.perf_counter()
+        too_long = now - start > timeout
+        if too_long or (failed_at is not None and now - failed_at > grace):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            reader.join(5)
+            why = (f"still running after {timeout:.0f} s: killed" if too_long
+                   else f"its job failed and the process had not exited {grace:.0f} s later: killed")
+            return "".join(lines), why
+        time.sleep(0.2)
+    reader.join(30)
+    return "".join(lines), ""
+
+
+def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool = False,
+        timeout: float = 900.0) -> dict:
+    """One run of ``script`` the ``impl`` way: ``{"exit": status, "seconds": wall time, "collect_s": time in the
+    collector's next(), "frames": frames it gave, "scalars": {logged name: [values]}, "said": the runner's stderr
+    lines}`` (a failed run: ``{"exit", "seconds", "why"}``, the last lines of its stderr)."""
     _, file, overrides = SCRIPTS[script]
     if envs_as_shipped:
         overrides = [item for item in overrides if not item.startswith(ENV_COUNTS)]
+    if not script.endswith(OWN_LOGGER):
+        overrides = [*overrides, "logger.backend=csv"]
     outputs = target / f"outputs-{round_}"
     probe = target / f"probe-{round_}"
     env = dict(os.environ, WANDB_MODE="disabled", HYDRA_FULL_ERROR="1", SOTA_PROBE=str(probe))
@@ -145,20 +219,22 @@ def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool
         paths.append(str(STANDINS))
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, *LAUNCH.get(impl, []), file, *overrides, "logger.backend=csv",
-                                f"hydra.run.dir={outputs}"], cwd=target, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    _, stderr = process.communicate(timeout=1200)
+    process = subprocess.Popen([sys.executable, *LAUNCH.get(impl, []), file, *overrides,
+                                f"hydra.run.dir={outputs}"], cwd=target, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    stderr, hung = _wait(process, timeout)
     seconds = time.perf_counter() - start
-    if process.returncode:
-        raise RuntimeError(f"{target.name} failed (exit {process.returncode}):\n{stderr[-3000:]}")
+    said = [line for line in stderr.splitlines() if line.startswith("tdcollect run:")]
+    if process.returncode or hung:
+        lines = [line for line in stderr.splitlines() if line.strip()] + [hung] * bool(hung)
+        return {"exit": process.returncode or "hung", "seconds": seconds, "why": lines[-12:], "said": said}
     collected = json.loads(Path(f"{probe}.{process.pid}.json").read_text())  # the probe's file (sota_probe/)
-    scalars = {}
+    scalars = dict(collected.get("scalars", {}))
     for csv in sorted(outputs.rglob("*.csv")):  # the CSV logger's scalars/<group>/<name>.csv
         lines = [line for line in csv.read_text().splitlines() if line.strip()]
         scalars[f"{csv.parent.name}/{csv.stem}"] = [float(line.split(",")[-1]) for line in lines]
-    return {"seconds": seconds, "collect_s": collected["seconds"], "frames": collected["frames"],
-            "scalars": scalars}
+    return {"exit": 0, "seconds": seconds, "collect_s": collected["seconds"], "frames": collected["frames"],
+            "scalars": scalars, "said": said, "cpu": collected.get("cpu")}
 
 
 def sane(scalars: dict) -> str:
@@ -171,6 +247,63 @@ def sane(scalars: dict) -> str:
     return f"{len(losses)} losses, {finite}; return {moved}"
 
 
+def why_of(failed: dict) -> str:
+    """The line of a failed run's stderr that says why: the last one naming an error, else its last line."""
+    named = [line for line in failed["why"] if "Error" in line or "killed" in line]
+    return (named or failed["why"] or ["(no output)"])[-1].strip()
+
+
+def layout_of(said: list[str]) -> str:
+    """What the runner said it chose (its stderr lines but the first, which lists the names replaced), in a few
+    words: the layout of each ParallelEnv, the calls it kept TorchRL's class for, the places that kept TorchRL's
+    class."""
+    chosen = [line.removeprefix("tdcollect run: ") for line in said[1:]]
+    return "; ".join(dict.fromkeys(chosen)) or "as the script builds them"
+
+
+def table(results: dict, scripts: list[str], impls: list[str]) -> list[str]:
+    """The Markdown table of ``results`` (``{(script, impl): [runs]}``): per script, exit statuses, median wall
+    time and collection frames/s per way, the ratios of ``run`` to ``torchrl`` (as shipped), the layout
+    ``tdcollect run`` chose, and whether every logged loss is finite."""
+    head = ["script"] + [f"{impl}: exit, wall s, frames/s" for impl in impls]
+    if {"torchrl", "run"} <= set(impls):
+        head += ["wall as shipped / under run", "collection run / as shipped"]
+    head += ["losses", "layout under run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for script in scripts:
+        cells, medians, losses = [script], {}, []
+        for impl in impls:
+            runs = results.get((script, impl), [])
+            failed = [one for one in runs if one["exit"]]
+            if not runs:
+                cells.append("-")
+                continue
+            if failed:
+                cells.append(f"exit {failed[0]['exit']}")
+                continue
+            wall = statistics.median(one["seconds"] for one in runs)
+            rate = statistics.median(one["frames"] / one["collect_s"] for one in runs)
+            medians[impl] = (wall, rate)
+            losses += [value for one in runs for name, values in one["scalars"].items() if "loss" in name
+                       for value in values]
+            cells.append(f"0, {wall:.1f}, {rate:,.0f}")
+        if {"torchrl", "run"} <= set(impls):
+            if {"torchrl", "run"} <= set(medians):
+                cells += [f"{medians['torchrl'][0] / medians['run'][0]:.2f}",
+                          f"{medians['run'][1] / medians['torchrl'][1]:.2f}"]
+            else:
+                cells += ["-", "-"]
+        finite = ("none logged" if not losses else
+                  f"{len(losses)}, all finite" if all(math.isfinite(v) for v in losses) else "NOT ALL FINITE")
+        said = [line for one in results.get((script, "run"), []) for line in one.get("said", [])]
+        cells += [finite, layout_of(said) if said else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"- `{script}`: {CONFIG_NOTES[script]}" for script in scripts if script in CONFIG_NOTES]
+    fails = [f"- `{script}` {impl}: exit {one['exit']}: `{why_of(one)[:240]}`"
+             for (script, impl), runs in results.items() for one in runs[:1] if one["exit"]]
+    return lines + ([""] + notes if notes else []) + ([""] + fails if fails else [])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scripts", nargs="+", choices=sorted(SCRIPTS), default=sorted(SCRIPTS))
@@ -178,6 +311,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rl", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "torchrl-tests")
     parser.add_argument("--json", type=Path, default=None, help="write every run's numbers there")
+    parser.add_argument("--table", type=Path, default=None, help="write the Markdown table there")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take before it is killed")
     parser.add_argument("--envs-as-shipped", action="store_true",
                         help="the scripts' own env counts (8 for SAC and PPO-Atari), not the short config's 2")
     args = parser.parse_args(argv)
@@ -187,25 +322,23 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for script in args.scripts:
                 for impl in args.impls if r % 2 == 0 else args.impls[::-1]:
-                    one = run(targets[script, impl], script, impl, r, args.envs_as_shipped)
+                    if any(one["exit"] for one in results.get((script, impl), [])):
+                        continue  # (it failed once: not run again)
+                    one = run(targets[script, impl], script, impl, r, args.envs_as_shipped, args.timeout)
                     results.setdefault((script, impl), []).append(one)
-                    print(f"round {r + 1} {script:10s} {impl:12s} {one['seconds']:7.1f} s, collection "
+                    if one["exit"]:
+                        print(f"round {r + 1} {script:18s} {impl:12s} exit {one['exit']}: {why_of(one)[:200]}",
+                              flush=True)
+                        continue
+                    print(f"round {r + 1} {script:18s} {impl:12s} {one['seconds']:7.1f} s, collection "
                           f"{one['frames'] / one['collect_s']:8,.0f} frames/s; {sane(one['scalars'])}", flush=True)
-    print("\n| script | " + " | ".join(f"{impl}: wall s / collection frames/s" for impl in args.impls)
-          + " |\n|---|" + "---|" * len(args.impls))
-    for script in args.scripts:
-        cells = []
-        for impl in args.impls:
-            runs = results.get((script, impl), [])
-            if not runs:
-                cells.append("-")
-                continue
-            wall = statistics.median(one["seconds"] for one in runs)
-            rate = statistics.median(one["frames"] / one["collect_s"] for one in runs)
-            cells.append(f"{wall:.1f} / {rate:,.0f}")
-        print(f"| {script} | " + " | ".join(cells) + " |")
-    if args.json:
-        args.json.write_text(json.dumps({f"{s}/{i}": runs for (s, i), runs in results.items()}, indent=1))
+                if args.json:  # (after each script: a long run that stops keeps what it measured)
+                    args.json.write_text(json.dumps({f"{s}/{i}": runs for (s, i), runs in results.items()},
+                                                    indent=1))
+    lines = table(results, args.scripts, args.impls)
+    print("\n" + "\n".join(lines))
+    if args.table:
+        args.table.write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -4,7 +4,10 @@ script's ``PYTHONPATH`` with ``SOTA_PROBE=<file prefix>``): every ``next()`` on 
 process that iterated one writes ``{"seconds", "frames", "batches"}`` to ``<prefix>.<pid>.json`` at exit. TorchRL's
 CSV logger, which the benchmark reads the losses and returns from, is given the mean of a list it is asked to log
 (SAC logs every episode return that ended in a batch, a list where several ended; the CSV logger stops at
-``float(list)``). Then the ``sitecustomize`` this one hides, if any, runs."""
+``float(list)``). The scalars a script logs through TorchRL's wandb logger (the trainer scripts', run with
+``WANDB_MODE=disabled``) are kept too, in that file's ``"scalars"`` (``{"name": [values]}``), and so are the CPU
+seconds of the process and of its children (``"cpu"``: the collector workers, once joined). Then the
+``sitecustomize`` this one hides, if any, runs."""
 import atexit
 import importlib.abc
 import importlib.machinery
@@ -15,6 +18,7 @@ import time
 
 PREFIX = os.environ.get("SOTA_PROBE")
 totals = {"seconds": 0.0, "frames": 0, "batches": 0}
+scalars: dict[str, list[float]] = {}
 
 
 def timed(iterate):
@@ -49,10 +53,31 @@ def log_list_means(experiment):
     experiment.add_scalar = add_mean
 
 
+def keep_scalars(logger):
+    log_scalar = logger.log_scalar
+    log_metrics = logger.log_metrics
+
+    def kept_scalar(self, name, value, *args, **kwargs):
+        scalars.setdefault(str(name), []).append(float(value))
+        return log_scalar(self, name, value, *args, **kwargs)
+
+    def kept_metrics(self, metrics, *args, **kwargs):
+        for name, value in dict(metrics).items():
+            try:
+                scalars.setdefault(str(name), []).append(float(value))
+            except (TypeError, ValueError):  # (not a scalar)
+                pass
+        return log_metrics(self, metrics, *args, **kwargs)
+
+    logger.log_scalar = kept_scalar
+    logger.log_metrics = kept_metrics
+
+
 #: module -> (class, what is done to it once the module has run)
 TARGETS = {"torchrl.collectors._base": ("BaseCollector", time_iterations),
            "tdcollect.collectors.base": ("CollectorBase", time_iterations),
-           "torchrl.record.loggers.csv": ("CSVExperiment", log_list_means)}
+           "torchrl.record.loggers.csv": ("CSVExperiment", log_list_means),
+           "torchrl.record.loggers.wandb": ("WandbLogger", keep_scalars)}
 
 
 class PatchAfterExec(importlib.abc.MetaPathFinder):
@@ -74,9 +99,11 @@ class PatchAfterExec(importlib.abc.MetaPathFinder):
 
 
 def write():
-    if totals["batches"]:
+    if totals["batches"] or scalars:
+        times = os.times()  # this process's CPU seconds, and its children's (the workers, once joined)
+        cpu = {"self": times.user + times.system, "children": times.children_user + times.children_system}
         with open(f"{PREFIX}.{os.getpid()}.json", "w") as f:
-            json.dump(totals, f)
+            json.dump({**totals, "scalars": scalars, "cpu": cpu}, f)
 
 
 if PREFIX:
