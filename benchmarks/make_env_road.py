@@ -12,8 +12,9 @@ env steps/s of a ``step_and_maybe_reset`` loop with random actions:
 
 ``collector``: a one-env ``Collector(make_env(), policy)`` (TorchRL's DQN, DDPG, A2C and PPO-MuJoCo scripts' shape),
 frames/s, TorchRL's and ours, with a random policy (``None``) and with a DQN-style MLP (``QValueActor`` over
-``MLP(64, 64)``), on CartPole under ``[RewardSum, StepCounter]`` (TorchRL's DQN maker) and Pendulum under the SAC
-four (a deterministic MLP actor).
+``MLP(64, 64)``), on CartPole under ``[RewardSum, StepCounter]`` (TorchRL's DQN maker), Pendulum under the SAC
+four (a deterministic MLP actor), and Pendulum under the SAC four and a transform of the user's own, which has no
+native op (``pendulum_own``: the env takes TorchRL's step, and ours steps it as it is).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from pathlib import Path
 from benchmarks.pipeline_timing import interleaved, medians, steps_per_second
 
 ENV_SYSTEMS = ["torchrl_16", "ours_per_env_2x8", "ours_moved_2x8"]
-COLLECTOR_CASES = [(env, policy) for env in ("cartpole_dqn", "pendulum_sac") for policy in ("random", "mlp")]
+COLLECTOR_CASES = [(env, policy) for env in ("cartpole_dqn", "pendulum_sac", "pendulum_own")
+                   for policy in ("random", "mlp")]
 
 
 def pendulum_sac():
@@ -45,6 +47,28 @@ def cartpole_dqn():
     env = TransformedEnv(GymEnv("CartPole-v1"))
     env.append_transform(RewardSum())
     env.append_transform(StepCounter())
+    return env
+
+
+def _bonus_transform():
+    """A user's own transform (no native op: the env takes TorchRL's step whatever steps it)."""
+    from torchrl.envs import Transform
+
+    class RewardBonus(Transform):
+        def __init__(self):
+            super().__init__(in_keys=["reward"], out_keys=["reward"])
+
+        def _apply_transform(self, reward):
+            return reward + 0.1
+
+    return RewardBonus()
+
+
+def pendulum_own():
+    """Pendulum under the SAC four and a transform of the user's own, per env: the env takes TorchRL's step (the
+    one-env road must still be no slower than TorchRL's)."""
+    env = pendulum_sac()
+    env.append_transform(_bonus_transform())
     return env
 
 
@@ -105,7 +129,8 @@ def time_collector(system: str, frames: int) -> float:
         from torchrl.collectors import Collector as TorchRLCollector
 
         Collector = TorchRLCollector  # noqa: N806 - the class timed
-    maker = cartpole_dqn if case.startswith("cartpole") else pendulum_sac
+    maker = {"cartpole_dqn": cartpole_dqn, "pendulum_sac": pendulum_sac, "pendulum_own": pendulum_own}[
+        case.split("/")[0]]
     env = maker()
     torch.manual_seed(0)
     collector = Collector(env, policy_for(case, env), frames_per_batch=500, total_frames=frames + 500)

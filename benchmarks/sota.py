@@ -2,6 +2,13 @@
 ParallelEnv against TorchRL's classes, interleaved rounds in one run.
 
     python benchmarks/sota.py [--scripts sac impala ppo_atari] [--rounds 2] [--rl ../shared/torchrl-tests]
+    python -m benchmarks.sota --impls torchrl run --envs-as-shipped --table table.md   # the docs' table
+
+``--impls`` picks the ways each script runs (``torchrl``: as shipped; ``run``: under ``tdcollect run``; ``ours``:
+its imports edited, see below). ``--table`` writes the Markdown table: per script, the exit status each way, the
+medians of wall time and collection frames/s, their ratios, whether every logged loss is finite and the layout
+``tdcollect run`` chose (its stderr lines); a script that fails is run once and listed with the line that says why
+(a run whose job failed and that then waits at exit for its collector workers is killed after 20 s).
 
 Each script folder of ``<rl>/sota-implementations`` is copied to a temporary folder; for "ours" every
 ``from torchrl.collectors import ...`` becomes ``from tdcollect.collectors import ...`` and, where a module imports
@@ -253,11 +260,11 @@ def why_of(failed: dict) -> str:
     return (named or failed["why"] or ["(no output)"])[-1].strip()
 
 
-def layout_of(said: list[str]) -> str:
-    """What the runner said it chose (its stderr lines but the first, which lists the names replaced), in a few
-    words: the layout of each ParallelEnv, the calls it kept TorchRL's class for, the places that kept TorchRL's
-    class."""
-    chosen = [line.removeprefix("tdcollect run: ") for line in said[1:]]
+def layout_of(runs: list[dict]) -> str:
+    """What the runner said it chose in ``runs`` (each run's stderr lines but its first, which lists the names
+    replaced), in a few words: the layout of each ParallelEnv, the calls it kept TorchRL's class for, the places
+    that kept TorchRL's class."""
+    chosen = [line.removeprefix("tdcollect run: ") for one in runs for line in one.get("said", [])[1:]]
     return "; ".join(dict.fromkeys(chosen)) or "as the script builds them"
 
 
@@ -295,8 +302,8 @@ def table(results: dict, scripts: list[str], impls: list[str]) -> list[str]:
                 cells += ["-", "-"]
         finite = ("none logged" if not losses else
                   f"{len(losses)}, all finite" if all(math.isfinite(v) for v in losses) else "NOT ALL FINITE")
-        said = [line for one in results.get((script, "run"), []) for line in one.get("said", [])]
-        cells += [finite, layout_of(said) if said else "-"]
+        runs = results.get((script, "run"), [])
+        cells += [finite, layout_of(runs) if runs else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- `{script}`: {CONFIG_NOTES[script]}" for script in scripts if script in CONFIG_NOTES]
     fails = [f"- `{script}` {impl}: exit {one['exit']}: `{why_of(one)[:240]}`"
@@ -315,7 +322,19 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take before it is killed")
     parser.add_argument("--envs-as-shipped", action="store_true",
                         help="the scripts' own env counts (8 for SAC and PPO-Atari), not the short config's 2")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="no runs: the table of the runs a --json file holds (its scripts and ways)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        results = {tuple(key.split("/")): runs for key, runs in saved.items()}
+        scripts = list(dict.fromkeys(script for script, _ in results))
+        impls = list(dict.fromkeys(impl for _, impl in results))
+        lines = table(results, scripts, impls)
+        print("\n".join(lines))
+        if args.table:
+            args.table.write_text("\n".join(lines) + "\n")
+        return 0
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         targets = {(s, i): prepare(args.rl, s, i, Path(tmp)) for s in args.scripts for i in args.impls}

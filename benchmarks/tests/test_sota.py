@@ -60,3 +60,24 @@ def test_the_probe_logs_the_mean_of_a_list_to_the_csv_logger(tmp_path):
     experiment.add_scalar("train/reward", [-3.0, 5.0], global_step=7)
     experiment.add_scalar("train/q_loss", 0.5)
     assert experiment.logged == [("train/reward", 1.0, 7), ("train/q_loss", 0.5, None)]
+
+
+def test_the_table_gives_medians_ratios_and_why_a_script_failed():
+    from benchmarks.sota import table
+
+    def ok(seconds, frames_per_s, loss=0.5):
+        return {"exit": 0, "seconds": seconds, "collect_s": 1000 / frames_per_s, "frames": 1000,
+                "scalars": {"train/loss": [loss]}, "said": ["tdcollect run: replaced", "tdcollect run: laid out"]}
+
+    results = {("ddpg", "torchrl"): [ok(20, 400), ok(22, 500)], ("ddpg", "run"): [ok(10, 900), ok(12, 1100)],
+               ("a2c_trainer", "torchrl"): [{"exit": 1, "seconds": 5, "why": ["ValueError: no map", "full_key: x"],
+                                             "said": []}]}
+    lines = table(results, ["ddpg", "a2c_trainer"], ["torchrl", "run"])
+    ddpg = next(line for line in lines if line.startswith("| ddpg"))
+    cells = [cell.strip() for cell in ddpg.strip("|").split("|")]
+    assert cells[1:5] == ["0, 21.0, 450", "0, 11.0, 1,000", "1.91", "2.22"]
+    assert cells[5] == "4, all finite" and cells[6] == "laid out"
+    assert "- `a2c_trainer` torchrl: exit 1: `ValueError: no map`" in lines
+    results["ddpg", "run"][0]["scalars"]["train/loss"] = [float("nan")]
+    assert "NOT ALL FINITE" in next(line for line in table(results, ["ddpg"], ["torchrl", "run"])
+                                    if line.startswith("| ddpg"))
