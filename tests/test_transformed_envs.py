@@ -202,6 +202,26 @@ def test_what_has_no_native_op_keeps_torchrls_step_and_says_why(no_leaks):
     assert roads == ["TorchRL's step: per-env transforms: NotNative has no native version"] * 2
 
 
+def test_a_primer_keeps_torchrls_step_and_says_why(no_leaks):
+    """``TensorDictPrimer`` carries the step's input entries forward (a policy's recurrent state): TorchRL's step."""
+    from torchrl.data import Unbounded
+    from torchrl.envs import TensorDictPrimer
+
+    from tdcollect.envs.transforms.ops import PRIMER_REASON
+
+    def make():
+        return transformed("CartPole-v1", lambda: Compose(TensorDictPrimer(hidden=Unbounded(shape=(4,))),
+                                                         StepCounter()))
+
+    env = SerialEnv(2, make)
+    try:
+        roads = env.roads()
+        assert env.rollout(5)["next", "hidden"].shape == (2, 5, 4)
+    finally:
+        env.close()
+    assert roads == [f"TorchRL's step: per-env transforms: {PRIMER_REASON}"] * 2
+
+
 def test_per_env_transforms_with_other_settings_keep_torchrls_step(no_leaks):
     """Envs whose transforms differ in their settings (here the step limit) cannot share one op: TorchRL's step."""
     makers = [functools.partial(transformed, "CartPole-v1", functools.partial(StepCounter, limit))

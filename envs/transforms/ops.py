@@ -27,6 +27,9 @@ reset the rows a reset names, as TorchRL's do.
 * ``DoubleToFloat(...)``: nothing here; the copy into the shared buffers (declared with TorchRL's float32) casts as
   TorchRL does (``copy_`` rounds as ``Tensor.to``). Only ops that read no entry it casts may follow it.
 
+``TensorDictPrimer`` has none, on purpose (:data:`PRIMER_REASON`): an env under it takes TorchRL's step, and a
+one-env ``Collector`` steps such an env as it is, as TorchRL's does.
+
 An op's :meth:`Op.signature` (its settings, its transform's buffers included) says when per-env transforms are alike
 (``per_env.py`` runs one op over envs whose transforms have equal signatures).
 """
@@ -52,6 +55,7 @@ from torchrl.envs.transforms import (
     RewardSum,
     SignTransform,
     StepCounter,
+    TensorDictPrimer,
     ToTensorImage,
     UnsqueezeTransform,
     VecNorm,
@@ -416,6 +420,12 @@ class CastOnCopy(Op):
 
 
 
+#: why ``TensorDictPrimer`` keeps TorchRL's step: its ``_step`` carries entries of the step's *input* forward (the
+#: recurrent state a policy wrote at the root) into ``"next"``; the engine sends the envs the actions only
+PRIMER_REASON = ("TensorDictPrimer carries the input's entries (a policy's recurrent state) into the step's output, "
+                 "and only the actions reach the envs on the native road")
+
+
 def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
     """The native op of ``transform`` for ``k`` envs, or why it has none (a few words)."""
     kind = type(transform)
@@ -473,4 +483,6 @@ def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
         if transform.padding != "same" or transform.as_inverse or transform.future or transform.mask_key is not None:
             return "CatFrames other than padding='same' on the env's steps"
         return StackFrames(transform)
+    if kind is TensorDictPrimer:
+        return PRIMER_REASON
     return f"{kind.__name__} has no native version"
