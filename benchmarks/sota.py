@@ -85,12 +85,12 @@ SCRIPTS = {
         "optim.utd_ratio=0.1", "replay_buffer.size=10000", "logger.eval_iter=1000000"]),
     "cql_online": ("cql", "cql_online.py", [
         "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
-        "optim.device=cpu", "optim.batch_size=64", "optim.optim_steps_per_batch=2", "replay_buffer.size=10000",
+        "optim.device=cpu", "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000",
         "logger.log_interval=1000000", "env.n_samples_stats=100"]),
     "iql_online": ("iql", "iql_online.py", [
         "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
-        "optim.device=cpu", "optim.batch_size=64", "replay_buffer.size=10000", "logger.eval_iter=1000000",
-        "env.n_samples_stats=100"]),
+        "optim.device=cpu", "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000",
+        "logger.eval_iter=1000000", "env.n_samples_stats=100"]),
     "discrete_cql_online": ("cql", "discrete_cql_online.py", [
         "collector.total_frames=3000", "collector.init_random_frames=500", "collector.frames_per_batch=500",
         "optim.batch_size=64", "optim.utd_ratio=0.1", "replay_buffer.size=10000", "logger.eval_iter=1000000",
@@ -241,7 +241,7 @@ def run(target: Path, script: str, impl: str, round_: int, envs_as_shipped: bool
         lines = [line for line in csv.read_text().splitlines() if line.strip()]
         scalars[f"{csv.parent.name}/{csv.stem}"] = [float(line.split(",")[-1]) for line in lines]
     return {"exit": 0, "seconds": seconds, "collect_s": collected["seconds"], "frames": collected["frames"],
-            "scalars": scalars, "said": said, "cpu": collected.get("cpu")}
+            "scalars": scalars, "said": said, "cpu": collected.get("cpu"), "first_s": collected.get("first_s")}
 
 
 def sane(scalars: dict) -> str:
@@ -260,11 +260,16 @@ def why_of(failed: dict) -> str:
     return (named or failed["why"] or ["(no output)"])[-1].strip()
 
 
+#: how the runner's lines that list the names it replaced begin (one per import that replaced some)
+REPLACED_LINE = "tdcollect's classes in place of"
+
+
 def layout_of(runs: list[dict]) -> str:
-    """What the runner said it chose in ``runs`` (each run's stderr lines but its first, which lists the names
-    replaced), in a few words: the layout of each ParallelEnv, the calls it kept TorchRL's class for, the places
+    """What the runner said it chose in ``runs`` (each run's stderr lines but those listing the names replaced),
+    in a few words: the layout of each ParallelEnv, the calls it kept TorchRL's class for, the places
     that kept TorchRL's class."""
-    chosen = [line.removeprefix("tdcollect run: ") for one in runs for line in one.get("said", [])[1:]]
+    lines = [line.removeprefix("tdcollect run: ") for one in runs for line in one.get("said", [])]
+    chosen = [line for line in lines if not line.startswith(REPLACED_LINE)]
     return "; ".join(dict.fromkeys(chosen)) or "as the script builds them"
 
 

@@ -69,7 +69,9 @@ class Collector(LocalCalls, CollectorBase):
     """
 
     def __new__(cls, *args, backend=None, num_collectors=None, sync=None, **kwargs):
-        if cls is not Collector or (backend in (None, "direct") and num_collectors is None):
+        # (a class standing in for TorchRL's under tdcollect run, cli/swap.py, dispatches as Collector itself)
+        if ((cls is not Collector and "torchrl_class" not in cls.__dict__)
+                or (backend in (None, "direct") and num_collectors is None)):
             if backend not in (None, "direct") or sync is not None:
                 raise ValueError(f"{cls.__name__}: backend, num_collectors and sync choose process collectors; "
                                  "pass num_collectors=N to Collector itself (sync=True for a MultiSyncCollector).")

@@ -249,6 +249,25 @@ def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
                                                "Python file, as to python)"]
 
 
+def test_collector_with_num_collectors_is_our_process_collector_under_the_command(tmp_path, no_leaks):
+    """TorchRL's IMPALA script builds ``Collector(make_env(), backend="process", num_collectors=2, sync=False)``:
+    under ``tdcollect run`` that is our ``MultiAsyncCollector`` (it was TorchRL's: the class standing in for
+    TorchRL's ``Collector`` refused the arguments only ``Collector`` itself dispatches)."""
+    run = tdcollect_run(tmp_path, """
+        from torchrl.collectors import Collector
+        from torchrl.envs import GymEnv
+
+        if __name__ == "__main__":
+            collector = Collector(GymEnv("CartPole-v1"), None, frames_per_batch=20, total_frames=40,
+                                  backend="process", num_collectors=2, sync=False)
+            print(type(collector).__module__, type(collector).__name__, len(list(collector)))
+            collector.shutdown()
+    """)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["tdcollect.collectors.multi_async", "MultiAsyncCollector", "2"]
+    assert "kept TorchRL's" not in run.stderr
+
+
 def test_a_script_that_imports_tdcollect_first_gets_every_class_replaced(tmp_path, no_leaks):
     """``import tdcollect.collectors`` before any TorchRL import: TorchRL is imported inside tdcollect's own import,
     and the names are replaced once tdcollect's classes are all defined (not halfway, which failed)."""

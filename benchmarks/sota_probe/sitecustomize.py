@@ -30,7 +30,10 @@ def timed(iterate):
                 batch = next(batches)
             except StopIteration:
                 return
-            totals["seconds"] += time.perf_counter() - start
+            waited = time.perf_counter() - start
+            if not totals["batches"]:
+                totals["first_s"] = waited  # (the first batch waits for the workers to start)
+            totals["seconds"] += waited
             totals["frames"] += batch.numel()
             totals["batches"] += 1
             yield batch
