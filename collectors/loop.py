@@ -29,6 +29,7 @@ from tdcollect.envs.engine.recording import StepRecorder
 from tdcollect.envs.engine.shared import in_shared_memory
 from tdcollect.envs.engine.values import check_finite
 from tdcollect.envs.inputs import COLLECTOR_ACTION_CHECKS, action_check, in_spec_shape
+from tdcollect.envs.libs.envbase import check_entries, expected_entries
 
 from .policies import ActionSampler, RandomPolicy, UnwrappedModule, policy_module
 from .profiling import RolloutProfiler
@@ -108,6 +109,20 @@ class BatchLoop:
         self.storage = (env_shaped if len(env.batch_size) == 1
                         else reshape_leading(env_shaped, len(env.batch_size), (self.n_envs,)))
         self.storage_keys = list(self.storage.keys(True, True))
+        #: the storage's leaves a step outside the buffer path copies in, per step (see _generic_step)
+        self._copied_keys = [key for key in self.storage_keys if key not in self.counter_keys]
+        try:
+            self._leaves_at = [[view.get(key) for key in self._copied_keys] for view in self.views]
+        except RuntimeError:  # entries of other shapes per agent (lazily stacked): no one leaf each, by key always
+            self._leaves_at = None
+        #: an unbatched TorchRL env stepped as it is (no buffers of its own): its outputs are checked here, as the
+        #: engine checks them, before they are written into the storage (no broadcasting, no wrapping casts)
+        self._output_checks = None
+        if not self.buffer_path and not env.batch_size:
+            observed = [*env.full_observation_spec.keys(True, True), *env.full_done_spec.keys(True, True)]
+            rewarded = [*observed, *env.full_reward_spec.keys(True, True)]
+            self._output_checks = (expected_entries(template, observed),
+                                   expected_entries(template.get("next"), rewarded))
         self._done_leaves = done_leaves(self.storage)  # [n_envs, steps, ...] each
         if self.max_frames_per_traj:  # the step counts max_frames_per_traj writes, [n_envs, steps, 1] each
             self._step_counts = (self.storage.get("step_count"), self.storage.get(("next", "step_count")))
@@ -309,7 +324,15 @@ class BatchLoop:
 
     def _generic_step(self, t: int, random: bool) -> None:
         td, self.root = self.env.step_and_maybe_reset(self._acted(random))
-        self.views[t].update_(td.select(*self.storage_keys, strict=False))
+        if self._output_checks is not None:
+            root_checks, next_checks = self._output_checks
+            check_entries(td.get("next"), next_checks, 0, "step()")
+            check_entries(self.root, root_checks, 0, "reset()")
+        sources = [td.get(key, None) for key in self._copied_keys] if self._leaves_at is not None else [None]
+        if any(source is None for source in sources):  # (an entry this step lacks: the others, by key)
+            self.views[t].update_(td.select(*self.storage_keys, strict=False))
+        else:  # one copy call for all the step's leaves (casting as update_ does)
+            torch._foreach_copy_(self._leaves_at[t], sources)
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
 

@@ -131,8 +131,7 @@ class ParallelEnv(BatchedEnv):
                                mp_start_method=mp_start_method, timeout=timeout, check_actions=check_actions,
                                check_values=check_values, max_restarts=max_restarts, spin_s=spin_s, device=device,
                                num_threads=num_threads, num_sub_threads=num_sub_threads, daemon=daemon,
-                               shutdown_timeout=shutdown_timeout, owner=owner, serial_for_single=serial_for_single,
-                               **torchrl_options)
+                               shutdown_timeout=shutdown_timeout, owner=owner, **torchrl_options)
         self.__dict__["worker_transform"] = worker_transform  # as given; not a submodule of this env (EnvBase is one)
         self._wrap = None if worker_transform is None else WorkerTransform(worker_transform, owner)
         self.create_env_fn = fns

@@ -115,22 +115,42 @@ class TorchRLStepper:
                                                                                           strict=False)}
 
     def _check(self, td, shapes: list, call: str) -> None:
-        for key, expected, dtype, guard in shapes:
-            value = td.get(key, None)
-            if value is None:
-                continue
-            if value.shape != expected:
-                raise broadcast_error(self._env_index, call, repr(key), tuple(value.shape),
-                                      f"the env's specs declare shape {tuple(expected)}", _TORCHRL_SHAPE_HINT)
-            if value.dtype is not dtype:
-                try:
-                    guard.check(value)
-                except BadValue as bad:
-                    raise value_error(self._env_index, call, key, bad, _TORCHRL_VALUE_HINT) from None
+        check_entries(td, shapes, self._env_index, call)
 
     def close(self) -> None:
         # always called: a plain EnvBase subclass reports is_closed=True from its construction on
         self.env.close(raise_if_closed=False)
+
+
+def check_entries(td: TensorDictBase, shapes: list, env_index: int, call: str) -> None:
+    """A ``ValueError`` naming the env, the call and the key when an entry of ``td`` (a TorchRL env's output) has
+    another shape than ``shapes`` say (``(key, shape, dtype, guard)`` each, see :func:`expected_entries`), or a value
+    their dtype cannot hold; entries absent from ``td`` are skipped."""
+    for key, expected, dtype, guard in shapes:
+        value = td.get(key, None)
+        if value is None:
+            continue
+        if value.shape != expected:
+            raise broadcast_error(env_index, call, repr(key), tuple(value.shape),
+                                  f"the env's specs declare shape {tuple(expected)}", _TORCHRL_SHAPE_HINT)
+        if value.dtype is not dtype:
+            try:
+                guard.check(value)
+            except BadValue as bad:
+                raise value_error(env_index, call, key, bad, _TORCHRL_VALUE_HINT) from None
+
+
+def expected_entries(template: TensorDictBase, keys) -> list[tuple]:
+    """``(key, shape, dtype, guard)`` of each of ``keys`` in ``template`` (zeros shaped as the outputs to check);
+    an entry of different shapes per agent (a lazy stack) is left out (it has no one shape to check)."""
+    expected = []
+    for key in keys:
+        try:
+            value = template.get(key)
+        except RuntimeError:  # (heterogeneous: no one tensor)
+            continue
+        expected.append(_expected(value, key))
+    return expected
 
 
 def _expected(buffer: torch.Tensor, key) -> tuple:
