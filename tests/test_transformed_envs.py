@@ -26,6 +26,7 @@ from torchrl.envs.transforms import (
     RewardClipping,
     RewardScaling,
     RewardSum,
+    RNDTransform,
     SignTransform,
     StepCounter,
     UnsqueezeTransform,
@@ -116,6 +117,27 @@ def impala_maker():
     return functools.partial(utils.make_env, "BreakoutNoFrameskip-v4", "cpu", "gymnasium")
 
 
+def with_rnd(make, networks):
+    """``make()`` under TorchRL's ``RNDTransform`` as TorchRL's RND script appends it (``normalize_obs=False``), with
+    the same seeded networks in every env (drawn without touching the global RNG), in train mode (its running reward
+    statistics update at each step, each env's its own)."""
+    env = make()
+    with torch.random.fork_rng():
+        torch.manual_seed(11)
+        target, predictor = networks(env.observation_spec["observation"].shape[-1], embed_dim=8)
+    rnd = RNDTransform(target, predictor, normalize_obs=False)
+    env.append_transform(rnd)
+    rnd.train()  # (appended, a transform is in eval mode: in train mode its reward statistics move, per env)
+    return env
+
+
+def rnd_mujoco_maker():
+    """TorchRL's PPO-MuJoCo ``make_env`` (as RND's ``utils_mujoco.make_env``) and the RND script's ``RNDTransform``
+    (a network's intrinsic reward, with running reward statistics, per env)."""
+    rnd = sota_utils("rnd", "utils_mujoco.py")
+    return functools.partial(with_rnd, ppo_mujoco_maker(), rnd.make_rnd_networks)
+
+
 MAKERS = {
     "dqn-cartpole": functools.partial(transformed, "CartPole-v1", dqn_transforms),
     "sac-pendulum": functools.partial(transformed, "Pendulum-v1", sac_transforms),
@@ -125,7 +147,7 @@ MAKERS = {
     "reshaped-pendulum": functools.partial(transformed, "Pendulum-v1", reshaping_transforms),
 }
 #: TorchRL's own makers, read from its scripts (their module is loaded when the test runs)
-SOTA_MAKERS = {"ppo-mujoco": ppo_mujoco_maker, "impala-atari": impala_maker}
+SOTA_MAKERS = {"ppo-mujoco": ppo_mujoco_maker, "impala-atari": impala_maker, "rnd-mujoco": rnd_mujoco_maker}
 
 
 def needs(name: str) -> None:
@@ -334,7 +356,7 @@ def assert_same_vecnorm_statistics(ours, theirs) -> None:
             assert_same(a, b, "VecNorm loc / scale")
 
 
-@pytest.mark.parametrize("name", ["sac-pendulum", "ppo-mujoco", "impala-atari"])
+@pytest.mark.parametrize("name", ["sac-pendulum", "ppo-mujoco", "impala-atari", "rnd-mujoco"])
 def test_multisync_batches_equal_the_serial_envs_native_data(name, no_leaks):
     """``MultiSyncCollector([make_env] * 2, policy)``: each worker's env on the native road; its batches hold the
     data of TorchRL's ``SerialEnv`` of the same constructor stepped with the same actions (each worker's constructor

@@ -55,8 +55,10 @@ def native_ops_of(transform: Transform | list[Transform], base: EnvSpecs, transf
         return "a transform after DoubleToFloat reads an entry it casts"
     if set(base.done.keys(True, True)) != set(DONE_KEYS) or set(transformed.done.keys(True, True)) != set(DONE_KEYS):
         return "done flags other than one done / terminated / truncated group"
-    if [*base.reward.keys(True, True)] != ["reward"] or [*transformed.reward.keys(True, True)] != ["reward"]:
-        return "a reward other than one 'reward' entry"
+    rewards = [*transformed.reward.keys(True, True)]
+    if [*base.reward.keys(True, True)] != ["reward"] or "reward" not in rewards or not all(
+            isinstance(key, str) for key in rewards):
+        return "a reward other than one 'reward' entry (and entries an op writes beside it)"
     if base.reward["reward"].dtype != transformed.reward["reward"].dtype:
         return "the transform changes the reward's dtype"
     if base.batch_shape or transformed.batch_shape:
@@ -78,7 +80,7 @@ def _reads_a_cast_entry(ops: list[Op], base: EnvSpecs) -> bool:
         if isinstance(op, CastOnCopy):
             cast = True
             continue
-        if cast and op.reads() & wide:
+        if cast and op.reads() & wide and not getattr(op, "reads_as_float32", False):
             return True
         for in_key, out_key in op.made_from():
             if in_key in wide and not isinstance(op, ToImage):
@@ -92,6 +94,7 @@ def _dry_run(parts: list[Transform], base: EnvSpecs, transformed: EnvSpecs) -> s
     """Run fresh ops of ``parts`` once over zeros of ``base``'s specs (a reset, then a step): None when they give
     exactly the transformed specs' entries, shapes and dtypes (a ``DoubleToFloat`` cast aside); else what differs."""
     ops = [op_for(part, 1, base.reward["reward"].dtype) for part in parts]
+    ops = [op.dry() if hasattr(op, "dry") else op for op in ops]  # (an op running the env's transform: a copy)
     buffers = allocate_buffers(base, 1, shared=False)
     target = allocate_buffers(transformed, 1, shared=False)
     root = {key: value for key, value in buffers.get("root").items() if key not in DONE_KEYS}

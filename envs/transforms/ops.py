@@ -27,6 +27,8 @@ reset the rows a reset names, as TorchRL's do.
 * ``DoubleToFloat(...)``: nothing here; the copy into the shared buffers (declared with TorchRL's float32) casts as
   TorchRL does (``copy_`` rounds as ``Tensor.to``). Only ops that read no entry it casts may follow it.
 
+* ``RNDTransform``: its own ``_step`` per env row, with the env's own transform (:class:`OwnStep`).
+
 ``TensorDictPrimer`` has none, on purpose (:data:`PRIMER_REASON`): an env under it takes TorchRL's step, and a
 one-env ``Collector`` steps such an env as it is, as TorchRL's does.
 
@@ -34,6 +36,8 @@ An op's :meth:`Op.signature` (its settings, its transform's buffers included) sa
 (``per_env.py`` runs one op over envs whose transforms have equal signatures).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 from tensordict import TensorDict
@@ -53,6 +57,7 @@ from torchrl.envs.transforms import (
     RewardClipping,
     RewardScaling,
     RewardSum,
+    RNDTransform,
     SignTransform,
     StepCounter,
     TensorDictPrimer,
@@ -408,6 +413,62 @@ class Exclude(Op):
         self.step(data)
 
 
+class OwnStep(Op):
+    """A transform whose only per-step work is its own ``_step`` on the step's output (TorchRL's ``RNDTransform``:
+    a network's intrinsic reward under ``out_keys[0]``, from ``in_keys[0]``; its reset does nothing), run on
+    TorchRL's own code: per env on that env's row with the env's own transform (:meth:`adopt`: its networks, its
+    running statistics), or, for a transform on the batch, once on the ``[k]`` rows. It reads its input as float32
+    itself (``.float()``), so it may follow ``DoubleToFloat``: what it reads is the value the cast gives."""
+
+    reads_as_float32 = True
+
+    def __init__(self, transform: Transform, k: int):
+        self.transform = transform
+        self._k = k
+        self.in_key = transform.in_keys[0]
+        self.out_key = transform.out_keys[0]
+        self._owners: list[Transform] = []  # one per row once adopted (per-env transforms)
+
+    def adopt(self, transforms: list[Transform]) -> None:
+        """Run each env's own transform on its row (``transforms[i]`` for row ``i``)."""
+        self._owners = list(transforms)
+
+    def dry(self) -> OwnStep:
+        """A copy for a dry run (``native._dry_run``): a deep copy of the transform (its networks and statistics, not
+        the env it sits in), so the env's own keeps its state (TorchRL's ``clone`` is shallow: its modules' table is
+        the original's)."""
+        memo = {id(value): None for name in ("_container", "_parent")
+                if (value := self.transform.__dict__.get(name)) is not None}
+        return OwnStep(copy.deepcopy(self.transform, memo), 1)
+
+    def reads(self) -> set:
+        return {self.in_key}
+
+    def made_from(self) -> list[tuple]:
+        return []  # (a float32 entry of its own, whatever it read)
+
+    def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
+        if not self._owners:  # a transform on the batch: once, on the k rows
+            data[self.out_key] = self._run(self.transform, data, None, [self._k])
+            return
+        outputs = []
+        for i, owner in enumerate(self._owners):
+            if rows is not None and not bool(rows[i]):  # (not stepped: its row is not written)
+                outputs.append(None)
+                continue
+            outputs.append(self._run(owner, data, i, []))
+        shape = next(out for out in outputs if out is not None)
+        data[self.out_key] = torch.stack([torch.zeros_like(shape) if out is None else out for out in outputs])
+
+    def _run(self, transform: Transform, data: dict, row: int | None, batch: list) -> torch.Tensor:
+        leaves = {key: value if row is None else value[row] for key, value in data.items()}
+        step = TensorDict(leaves, batch_size=batch)
+        return transform._step(TensorDict({}, batch_size=batch), step).get(self.out_key)
+
+    def reset(self, data: dict, mask: torch.Tensor) -> None:
+        return None
+
+
 class CastOnCopy(Op):
     """``DoubleToFloat``: the copy into the shared buffers casts (see the module docstring)."""
 
@@ -485,4 +546,6 @@ def op_for(transform: Transform, k: int, reward_dtype: torch.dtype) -> Op | str:
         return StackFrames(transform)
     if kind is TensorDictPrimer:
         return PRIMER_REASON
+    if kind is RNDTransform:
+        return OwnStep(transform, k)
     return f"{kind.__name__} has no native version"
