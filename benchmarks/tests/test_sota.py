@@ -67,7 +67,8 @@ def test_the_table_gives_medians_ratios_and_why_a_script_failed():
 
     def ok(seconds, frames_per_s, loss=0.5):
         return {"exit": 0, "seconds": seconds, "collect_s": 1000 / frames_per_s, "frames": 1000,
-                "scalars": {"train/loss": [loss]}, "said": ["tdcollect run: replaced", "tdcollect run: laid out"]}
+                "scalars": {"train/loss": [loss]},
+                "said": ["tdcollect run: tdcollect's classes in place of x.{Y}", "tdcollect run: laid out"]}
 
     results = {("ddpg", "torchrl"): [ok(20, 400), ok(22, 500)], ("ddpg", "run"): [ok(10, 900), ok(12, 1100)],
                ("a2c_trainer", "torchrl"): [{"exit": 1, "seconds": 5, "why": ["ValueError: no map", "full_key: x"],
