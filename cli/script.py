@@ -92,6 +92,10 @@ def _print_from_script(err: BaseException, script: Path) -> None:
 WATCHED = ("torchrl", "tdcollect")
 
 
+def _watched(name: str) -> bool:
+    return any(name == package or name.startswith(f"{package}.") for package in WATCHED)
+
+
 class _SwapOnImport(importlib.abc.MetaPathFinder):
     """A finder first on ``sys.meta_path`` for TorchRL's modules (and tdcollect's, :data:`WATCHED`): it finds each as
     the other finders do and wraps its loader (:class:`_CountingLoader`), so that when the outermost such module
@@ -101,13 +105,13 @@ class _SwapOnImport(importlib.abc.MetaPathFinder):
     def __init__(self, layout: str, report: bool):
         self.layout = layout
         self.report = report
-        self.ran: set[str] = set()  # the public and tdcollect modules whose bodies have run (initializing, maybe)
+        self.ran: set[str] = set()  # the watched modules whose bodies have run (still initializing, maybe)
         self.lock = threading.RLock()  # one replacing at a time
         self.installing = False  # a replacing is running (in the thread holding the lock)
         self.depth = threading.local()  # .n: the watched modules this thread is running the bodies of
 
     def find_spec(self, name, path, target=None):
-        if not any(name == package or name.startswith(f"{package}.") for package in WATCHED):
+        if not _watched(name):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -128,8 +132,7 @@ class _SwapOnImport(importlib.abc.MetaPathFinder):
             loader.exec_module(module)
         finally:
             self.depth.n = depth
-        if name in swap.PUBLIC_MODULES or name.startswith("tdcollect"):
-            self.ran.add(name)
+        self.ran.add(name)
         if depth == 0:
             self.replace_ready()
 

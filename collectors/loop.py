@@ -328,11 +328,11 @@ class BatchLoop:
             root_checks, next_checks = self._output_checks
             check_entries(td.get("next"), next_checks, 0, "step()")
             check_entries(self.root, root_checks, 0, "reset()")
-        sources = [td.get(key, None) for key in self._copied_keys] if self._leaves_at is not None else [None]
-        if any(source is None for source in sources):  # (an entry this step lacks: the others, by key)
+        sources = [td.get(key, None) for key in self._copied_keys] if self._leaves_at is not None else None
+        if sources is not None and all(source is not None for source in sources):
+            torch._foreach_copy_(self._leaves_at[t], sources)  # one copy call for all the leaves (casting as update_)
+        else:  # (heterogeneous entries, or an entry this step lacks: by key)
             self.views[t].update_(td.select(*self.storage_keys, strict=False))
-        else:  # one copy call for all the step's leaves (casting as update_ does)
-            torch._foreach_copy_(self._leaves_at[t], sources)
         if self.max_frames_per_traj:
             self._truncate_long_trajectories(t)
 
@@ -369,7 +369,6 @@ class BatchLoop:
 def loop_options(reset_at_each_iter: bool, max_frames_per_traj: int | None, exploration_type,
                  check_actions: bool | str, check_values: bool = False) -> dict:
     """The keyword arguments of :class:`~tdcollect.collectors.loop.BatchLoop` every collector passes on."""
-
     exploration_type = exploration_type_of(exploration_type)
     action_check(check_actions, COLLECTOR_ACTION_CHECKS)  # (an unknown mode: a clear error, in this process)
     if max_frames_per_traj is not None and max_frames_per_traj <= 0:
@@ -390,10 +389,8 @@ def exploration_type_of(given):
         return DEFAULT_EXPLORATION_TYPE
     if isinstance(given, ExplorationType):
         return given
-    if isinstance(given, str):
-        named = {name for kind in ExplorationType for name in (kind.name.lower(), kind.value)}
-        if given.lower() in named:
-            return ExplorationType(given.lower())
+    if isinstance(given, str) and given.lower() in {kind.value for kind in ExplorationType}:  # ("random", ...)
+        return ExplorationType(given.lower())
     raise ValueError(f"exploration_type must be an ExplorationType or its name "
                      f"({', '.join(e.name for e in ExplorationType)}), got {given!r}.")
 

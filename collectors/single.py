@@ -8,6 +8,8 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs.utils import ExplorationType
 
+from tdcollect.envs.batched import stands_in_for_torchrl
+
 from .base import CollectorBase
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
@@ -69,8 +71,8 @@ class Collector(LocalCalls, CollectorBase):
     """
 
     def __new__(cls, *args, backend=None, num_collectors=None, sync=None, **kwargs):
-        # (a class standing in for TorchRL's under tdcollect run, cli/swap.py, dispatches as Collector itself)
-        if ((cls is not Collector and "torchrl_class" not in cls.__dict__)
+        # (a class standing in for TorchRL's under tdcollect run dispatches as Collector itself)
+        if ((cls is not Collector and not stands_in_for_torchrl(cls))
                 or (backend in (None, "direct") and num_collectors is None)):
             if backend not in (None, "direct") or sync is not None:
                 raise ValueError(f"{cls.__name__}: backend, num_collectors and sync choose process collectors; "
@@ -117,7 +119,7 @@ class Collector(LocalCalls, CollectorBase):
             self._module = policy_module(policy) if policy is not None else None
             self._loop = BatchLoop(self.env, self.policy, steps, interruptor=interruptor, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values),
-                clear_device=clears_device(env_device or device, policy_device or device))
+                clear_device=same_device(env_device or device, policy_device or device) is None)
         except BaseException:
             self._shutdown()
             raise
@@ -194,15 +196,10 @@ class Collector(LocalCalls, CollectorBase):
             self.env.close()
 
 
-def clears_device(env_device, policy_device) -> bool:
-    """Whether TorchRL's collector gives the policy the env's TensorDicts without a device: when the env has no
-    device or the policy runs on another one (what it does; our buffer path's TensorDicts have none anyway)."""
-    return env_device is None or policy_device is None or torch.device(env_device) != torch.device(policy_device)
-
-
 def same_device(env_device, policy_device):
     """TorchRL's storing device when neither ``storing_device`` nor ``device`` is given: the env's and the policy's
-    device when they are one (else None: the batches carry no device)."""
+    device when they are one (else None: the batches carry no device, and the policy sees the env's TensorDicts
+    without one, as TorchRL's collector clears it then)."""
     if env_device is None or policy_device is None or torch.device(env_device) != torch.device(policy_device):
         return None
     return torch.device(env_device)

@@ -582,8 +582,14 @@ def built_again(cls: type, arguments: dict) -> BatchedEnv:
     return cls(**arguments)
 
 
+def stands_in_for_torchrl(cls: type) -> bool:
+    """Whether ``cls`` is a class ``tdcollect run`` made to stand in for one of TorchRL's (``cli/swap.py`` gives it
+    the TorchRL class it replaces as ``torchrl_class``): a subclass of tdcollect's, named and placed as TorchRL's."""
+    return "torchrl_class" in cls.__dict__
+
+
 def own_class(env: BatchedEnv) -> type:
     """The class a pickle of ``env`` is built again as: its own, but for a class that stands in for TorchRL's under
-    ``tdcollect run`` (``cli/swap.py``: named as TorchRL's, so a pickle by name could reach TorchRL's own class in
-    another process): then the tdcollect class it extends."""
-    return next(cls for cls in type(env).__mro__ if "torchrl_class" not in cls.__dict__)
+    ``tdcollect run`` (named as TorchRL's, so a pickle by name could reach TorchRL's own class in another process):
+    then the tdcollect class it extends."""
+    return next(cls for cls in type(env).__mro__ if not stands_in_for_torchrl(cls))

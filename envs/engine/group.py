@@ -169,8 +169,7 @@ class EnvGroup:
                 stepper.close()
             except Exception:  # noqa: BLE001 - closing must go on for the other envs
                 pass
-        self.steppers = []
-        self._block = None
+        self.release()
 
     def release(self) -> None:
         """Let go of the envs without closing them (they stay whoever built them's); the group steps nothing more."""

@@ -80,7 +80,7 @@ def _reads_a_cast_entry(ops: list[Op], base: EnvSpecs) -> bool:
         if isinstance(op, CastOnCopy):
             cast = True
             continue
-        if cast and op.reads() & wide and not getattr(op, "reads_as_float32", False):
+        if cast and op.reads() & wide and not op.reads_as_float32:
             return True
         for in_key, out_key in op.made_from():
             if in_key in wide and not isinstance(op, ToImage):
@@ -93,8 +93,7 @@ def _reads_a_cast_entry(ops: list[Op], base: EnvSpecs) -> bool:
 def _dry_run(parts: list[Transform], base: EnvSpecs, transformed: EnvSpecs) -> str | None:
     """Run fresh ops of ``parts`` once over zeros of ``base``'s specs (a reset, then a step): None when they give
     exactly the transformed specs' entries, shapes and dtypes (a ``DoubleToFloat`` cast aside); else what differs."""
-    ops = [op_for(part, 1, base.reward["reward"].dtype) for part in parts]
-    ops = [op.dry() if hasattr(op, "dry") else op for op in ops]  # (an op running the env's transform: a copy)
+    ops = [op_for(part, 1, base.reward["reward"].dtype).dry() for part in parts]
     buffers = allocate_buffers(base, 1, shared=False)
     target = allocate_buffers(transformed, 1, shared=False)
     root = {key: value for key, value in buffers.get("root").items() if key not in DONE_KEYS}

@@ -84,6 +84,13 @@ def _plain_attributes(transform: Transform) -> tuple:
 class Op:
     """One transform's native version (see the module docstring)."""
 
+    #: it casts what it reads to float32 itself, so it may follow ``DoubleToFloat`` (see ``native._reads_a_cast_entry``)
+    reads_as_float32 = False
+
+    def dry(self) -> Op:
+        """The op a dry run (``native._dry_run``) runs: itself, or a copy for an op whose state is an env's own."""
+        return self
+
     def step(self, data: dict, rows: torch.Tensor | None = None) -> None:
         """One step's entries; ``rows`` (bool ``[k, 1]``): only those rows stepped (a partial step; the others'
         state is left as it is), None: all of them."""
@@ -457,8 +464,8 @@ class OwnStep(Op):
                 outputs.append(None)
                 continue
             outputs.append(self._run(owner, data, i, []))
-        shape = next(out for out in outputs if out is not None)
-        data[self.out_key] = torch.stack([torch.zeros_like(shape) if out is None else out for out in outputs])
+        stepped = next(out for out in outputs if out is not None)  # (a partial step steps one row at least)
+        data[self.out_key] = torch.stack([torch.zeros_like(stepped) if out is None else out for out in outputs])
 
     def _run(self, transform: Transform, data: dict, row: int | None, batch: list) -> torch.Tensor:
         leaves = {key: value if row is None else value[row] for key, value in data.items()}
