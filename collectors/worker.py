@@ -205,6 +205,7 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     them at each batch); records in ``versions[w]`` the weights version each batch was collected with."""
     channel.start()
     env = None
+    loop = None
     try:
         if config["init_fn"] is not None:  # TorchRL's init_fn: first thing in every worker
             cloudpickle.loads(config["init_fn"])()
@@ -255,4 +256,6 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:
+        if loop is not None and loop.profiler is not None:
+            loop.profiler.close()  # a profile of fewer rollouts than asked is still written
         env.close()
