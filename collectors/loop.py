@@ -19,6 +19,7 @@ Consecutive batches continue the same episodes (the last root is carried over).
 from __future__ import annotations
 
 import cloudpickle
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import EnvBase
@@ -196,11 +197,16 @@ class BatchLoop:
         leaves = {k: self.storage.get(k) for k in self.policy_keys}
         self.policy_outputs_at = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
 
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and this process' torch RNG
-        with ``seed``, and start fresh episodes; returns the env's answer (the seed after its last env's)."""
+    def set_seed(self, seed: int, static_seed: bool = False, seed_process: bool = False) -> int:
+        """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and start fresh episodes;
+        returns the env's answer (the seed after its last env's). ``seed_process``: this process' torch and numpy
+        RNGs are seeded with ``seed`` too, before the resets draw from them, as TorchRL's collector workers do
+        (a worker process's own; never the caller's process: TorchRL's ``Collector.set_seed`` leaves its RNG
+        alone, so the policy's draws there go on from where the user's seed left them)."""
         out = self.env.set_seed(seed, static_seed=static_seed)
-        torch.manual_seed(seed)
+        if seed_process:
+            torch.manual_seed(seed)
+            np.random.seed(seed)
         self.reset_envs()
         return out
 

@@ -11,6 +11,8 @@ memory. Its messages and commands are part of the worker protocol (``tdcollect/e
 ``None``): each ``COLLECT`` answers with its batch, by pipe."""
 from __future__ import annotations
 
+import functools
+
 import cloudpickle
 import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase
@@ -252,7 +254,8 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
 
         if channel.ready(None if loop.stacked else loop.storage):
             channel.serve({COLLECT: lambda: collect(False), COLLECT_RANDOM: lambda: collect(True)},
-                          {name: getattr(loop, name) for name in LOOP_CALLS})
+                          {**{name: getattr(loop, name) for name in LOOP_CALLS},
+                           "set_seed": functools.partial(loop.set_seed, seed_process=True)})
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:

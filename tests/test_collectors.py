@@ -255,6 +255,7 @@ def test_direct_module_collects_what_the_tensordict_path_collects(cls, no_leaks)
             collector = MultiSyncCollector([functools.partial(SerialEnv, 2, cartpole)] * 2, policy,
                                            frames_per_batch=128, total_frames=256)
         collector.set_seed(3)
+        torch.manual_seed(3)  # (the policy samples in this process for Collector: its RNG is the caller's)
         batches.append([b.clone() for b in collector])
         collector.shutdown()
     for direct, generic in zip(*batches):

@@ -380,7 +380,8 @@ def test_remote_helpers_init_fn_and_profiling(tmp_path, no_leaks):
             c.get_distant_attr("storage.batch_size[x]")
         # asynchronous: worker 1 may give as few as one of the batches; a profile of fewer rollouts than asked is
         # written when the collector shuts down
-        c.enable_profile(workers=[1], num_rollouts=10, warmup_rollouts=0, save_path=str(tmp_path / "w{worker_idx}.json"))
+        c.enable_profile(workers=[1], num_rollouts=10, warmup_rollouts=0,
+                         save_path=str(tmp_path / "w{worker_idx}.json"))
         list(c)
         with pytest.raises(RuntimeError, match="after iteration has started"):
             c.enable_profile()

@@ -2,13 +2,15 @@
 ``use_buffers``, ``fake_tensordict()``; per-worker policy factories and weights."""
 import functools
 
+import gymnasium
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector as TorchRLCollector
-from torchrl.envs import InitTracker, TransformedEnv
+from torchrl.envs import GymWrapper, InitTracker, TransformedEnv
 from torchrl.envs.utils import RandomPolicy
 from torchrl.testing.mocking_classes import ContinuousActionVecMockEnv, DiscreteActionVecMockEnv
 from torchrl.weight_update import SharedMemWeightSyncScheme
@@ -222,3 +224,68 @@ def test_an_exploration_module_without_a_spec_gets_the_envs(kind, no_leaks):
         batch = next(iter(collector))
     assert batch["action"].shape[-1] == 7
     assert not torch.equal(batch["action"], torch.full_like(batch["action"], 0.5))  # the noise was added
+
+
+def noisy_bias_policy(width: int):
+    from torchrl.modules import AdditiveGaussianModule
+
+    module = nn.Linear(width, 1)
+    with torch.no_grad():
+        module.weight.zero_()
+        module.bias.fill_(0.5)
+    return TensorDictSequential(TensorDictModule(module, ["observation"], ["action"]),
+                                AdditiveGaussianModule(spec=None, sigma_init=0.1))
+
+
+def test_set_seed_seeds_the_env_and_leaves_the_callers_rng_as_torchrls(no_leaks):
+    """TorchRL's ``Collector.set_seed`` seeds its env, not the torch RNG of the caller's process: the random
+    actions of ``init_random_frames`` and a noisy policy's draws go on from the user's own ``torch.manual_seed``,
+    so ours draws the same actions as TorchRL's after the same seeds (seeding the RNG with the env's seed here
+    gave other actions, and the same noise whatever seed the user picked). A gymnasium env: its reset (ours
+    starts new episodes at ``set_seed``) draws nothing from torch."""
+    from torchrl.envs import GymEnv
+
+    actions, states = {}, {}
+    for name, cls in (("torchrl", TorchRLCollector), ("ours", Collector)):
+        torch.manual_seed(0)
+        collector = cls(GymEnv("Pendulum-v1"), noisy_bias_policy(3), frames_per_batch=10, total_frames=30,
+                        init_random_frames=10)
+        collector.set_seed(7)
+        states[name] = torch.get_rng_state()
+        actions[name] = torch.cat([batch["action"] for batch in collector])
+        collector.shutdown()
+    assert torch.equal(states["ours"], states["torchrl"])
+    assert torch.equal(actions["ours"], actions["torchrl"])
+    assert not torch.equal(actions["ours"][:10], actions["ours"][10:20])  # (random, then the noisy policy)
+
+
+class NumpyDrawingEnv(gymnasium.Env):
+    """A gymnasium env whose first observation comes from numpy's global RNG (as many hand-written envs do)."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.value = np.random.uniform(-1.0, 1.0, (1,)).astype(np.float32)
+        return self.value, {}
+
+    def step(self, action):
+        return self.value, 0.0, False, False, {}
+
+
+def numpy_drawing_env():
+    return GymWrapper(NumpyDrawingEnv())
+
+
+def test_a_process_collectors_set_seed_seeds_numpy_in_its_workers_as_torchrls(no_leaks):
+    """TorchRL's process collectors seed each worker's torch *and numpy* RNGs with the worker's seed: an env
+    drawing from ``np.random`` gives the same data after the same ``set_seed``, whatever the parent's numpy state."""
+    firsts = []
+    for parent_seed in (1, 2):
+        np.random.seed(parent_seed)  # (inherited by forked workers)
+        with MultiSyncCollector([numpy_drawing_env] * 2, None, frames_per_batch=4, total_frames=4) as collector:
+            collector.set_seed(3)
+            firsts.append(next(iter(collector))["observation"])
+    assert torch.equal(firsts[0], firsts[1])
+    assert not torch.equal(firsts[0][0], firsts[0][1])  # (each worker its own seed)

@@ -107,12 +107,12 @@ class RayCollectorWorker:
         return "ok", (batch, {**self._identity(), "version": self.version})
 
     def set_seed(self, seed: int, steps: int, static_seed: bool = False):
-        """This actor's envs get TorchRL's seed chain from ``seed``, its torch RNG ``seed``; episodes restart.
-        Answers the seed after its last env's."""
+        """This actor's envs get TorchRL's seed chain from ``seed``, its torch and numpy RNGs ``seed``; episodes
+        restart. Answers the seed after its last env's."""
         if self.error is not None:
             return "error", self.error
         try:
-            return "ok", self._loop(steps).set_seed(seed, static_seed)
+            return "ok", self._loop(steps).set_seed(seed, static_seed, seed_process=True)
         except Exception as exc:  # noqa: BLE001 - reported to the driver
             return "error", error_report(exc, "set_seed")
 
