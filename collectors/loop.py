@@ -232,6 +232,11 @@ class BatchLoop:
         """Profile the next rollouts as TorchRL's ``ProfileConfig`` (cloudpickled) says (see ``profiling.py``)."""
         self.profiler = RolloutProfiler(cloudpickle.loads(config), self.worker_idx or 0)
 
+    def finish_profile(self) -> None:
+        """Write a profile still under way (fewer rollouts than asked): what the collectors call when they stop."""
+        if self.profiler is not None:
+            self.profiler.close()
+
     def set_hooks(self, hooks: bytes) -> None:
         """TorchRL's ``pre_collect_hook()`` / ``post_collect_hook(batch)`` (cloudpickled, either may be None), run
         by :meth:`collect` around each batch: how the process collectors run them in their workers."""

@@ -192,8 +192,8 @@ class Collector(LocalCalls, CollectorBase):
 
     def _shutdown(self) -> None:
         loop = self.__dict__.get("_loop")
-        if loop is not None and loop.profiler is not None:
-            loop.profiler.close()  # a profile of fewer rollouts than asked is still written
+        if loop is not None:
+            loop.finish_profile()
         closes = self.__dict__.get("_owns_env") or self.__dict__.get("_closes_given_env", False)
         if closes and not self.env.is_closed:
             self.env.close()

@@ -259,6 +259,6 @@ def run_collector_worker(channel: WorkerChannel, factory, policy_payload, weight
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away
     finally:
-        if loop is not None and loop.profiler is not None:
-            loop.profiler.close()  # a profile of fewer rollouts than asked is still written
+        if loop is not None:
+            loop.finish_profile()
         env.close()
