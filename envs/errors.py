@@ -5,6 +5,7 @@ from .engine.errors import (
     ConstructorError,
     EnvWorkerError,
     MissingMainGuardError,
+    OpenFilesError,
     SharedMemoryError,
     SpecMismatchError,
     WorkerDiedError,
@@ -20,6 +21,7 @@ __all__ = [
     "MissingMainGuardError",
     "SpecMismatchError",
     "SharedMemoryError",
+    "OpenFilesError",
     "ArgumentError",
     "ConstructorError",
 ]

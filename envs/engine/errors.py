@@ -94,6 +94,22 @@ class SharedMemoryError(RuntimeError):
     how much was needed, how much is free and the fix, before anything is written to them."""
 
 
+class OpenFilesError(OSError):
+    """This process may not open the files its workers and buffers need (the soft ``RLIMIT_NOFILE``: 256 by default
+    on macOS, often 1024 on Linux); raised where the workers start, naming the limit and the fix."""
+
+
+def open_files_error(doing: str, limit: int | None) -> OpenFilesError:
+    """The :class:`OpenFilesError` of running out of open files while ``doing`` (``"starting 4 workers"``) under
+    ``limit`` open files."""
+    said = "no more" if limit is None else f"at most {limit}"
+    return OpenFilesError(
+        f"tdcollect ran out of open files {doing}: this process may open {said} (each worker takes a pipe and a "
+        "process handle, and torch's shared tensors take one file each on Linux). Raise the limit (`ulimit -n 4096` "
+        "in the shell that starts Python, or resource.setrlimit), or use fewer workers with more envs each "
+        "(envs_per_worker=).")
+
+
 class ConstructorError(TypeError, RuntimeError):
     """What was passed as an env constructor cannot build envs in a worker (an env instance, something not
     callable, a constructor that cannot be pickled)."""

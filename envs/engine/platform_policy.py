@@ -11,6 +11,7 @@ import threading
 
 import torch
 
+from .portability import fork_is_safe, usable_cores
 from .protocol import MISSING_GUARD_EXIT
 
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -31,8 +32,8 @@ creates envs must sit under a main guard:
         env = ParallelEnv(...)
         ...
 
-Or pass mp_start_method="fork" (Linux, the default there unless the workers run CUDA code), which does not
-re-run the script."""
+On Linux, mp_start_method="fork" (the default there unless the workers run CUDA code) does not re-run the
+script; Windows has no fork and macOS starts workers with spawn by default: there the guard is needed."""
 
 
 
@@ -52,16 +53,12 @@ def built_on_cpu(method):
 
 
 def default_start_method() -> str:
-    """``"fork"`` where the platform has it (fast start, no main guard needed), else ``"spawn"``."""
-    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """``"fork"`` on Linux (fast start, no main guard needed); ``"spawn"`` elsewhere: Windows has no fork, and on
+    macOS fork is unsafe with the system's libraries (spawn is CPython's default there, and TorchRL's and
+    gymnasium's). See ``portability.fork_is_safe``."""
+    if fork_is_safe() and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return "spawn"
 
 
 def default_spin_s(num_workers: int) -> float:
@@ -176,5 +173,5 @@ def check_start_method(method: str | None, owner: str) -> str | None:
         multiprocessing.get_context(method)
     except ValueError as err:
         raise ValueError(f"{err}: {owner} takes one of {multiprocessing.get_all_start_methods()} "
-                         "(or None for the default, 'fork' on Linux).") from None
+                         "(or None for the default: 'fork' on Linux, 'spawn' on macOS and Windows).") from None
     return method

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from tensordict import LazyStackedTensorDict, TensorDictBase
 
+from .portability import is_linux
+
 #: Buffers smaller than this come straight from the allocator (measured: a 800 KB clone 253 µs, into recycled
 #: memory 69 µs; below ~128 KB the allocator reuses its own free lists).
 MIN_BYTES = 256 << 10
@@ -231,7 +233,7 @@ def numpy_of(value: torch.Tensor) -> np.ndarray | None:
 def _fresh(nbytes: int) -> np.ndarray:
     """New memory for a buffer (see ``MAPPED_BYTES``): big ones mapped in 4 KiB pages and faulted in by a background
     thread (the writes that race with it are safe: it changes no byte), small ones from the allocator."""
-    if nbytes < MAPPED_BYTES or sys.platform != "linux":
+    if nbytes < MAPPED_BYTES or not is_linux():
         return np.empty(nbytes, dtype=np.uint8)
     buffer = np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
     threading.Thread(target=populate, args=(buffer,), name="tdcollect-prefault", daemon=True).start()

@@ -27,7 +27,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Composite, NonTensor, StackedComposite
 
-from .errors import ArgumentError, SharedMemoryError
+from .errors import ArgumentError, SharedMemoryError, open_files_error
+from .portability import SHM_DIR, is_out_of_files, leftover_shm_files, open_files_limit, shm_free_bytes
 
 
 @dataclass
@@ -181,18 +182,6 @@ def zeros(spec: Composite, leading: tuple[int, ...] = ()):
 
 
 # ----------------------------------------------------------------- shared memory
-SHM_DIR = "/dev/shm"
-
-
-def shm_free_bytes() -> int | None:
-    """Bytes free in the shared-memory file system (None where there is none to ask)."""
-    try:
-        stat = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize
-
-
 def shm_error(needed: int, what: str) -> SharedMemoryError:
     """The error for ``needed`` bytes of shared memory that cannot be had, with what is free and the fixes."""
     free = shm_free_bytes()
@@ -246,6 +235,8 @@ def in_shared_memory(data, what: str):
     except RuntimeError as err:
         if "No space left on device" in str(err) or "unable to allocate shared memory" in str(err):
             raise shm_error(needed, what) from None
+        if is_out_of_files(err):
+            raise open_files_error(f"sharing {what}", open_files_limit()) from err
         raise
 
 
@@ -329,13 +320,9 @@ def reap(proc, timeout: float) -> None:
     pid = proc.pid
     if proc.exitcode in (None, 0) or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return
-    try:
-        names = [name for name in os.listdir("/dev/shm") if name.startswith(f"torch_{pid}_")]
-    except OSError:  # no /dev/shm here
-        return
-    for name in names:
+    for path in leftover_shm_files(pid):
         try:
-            os.unlink(os.path.join("/dev/shm", name))
+            os.unlink(path)
         except OSError:
             pass
 

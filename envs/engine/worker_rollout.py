@@ -23,7 +23,6 @@ of the span, as the step-by-step rollout does.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 import weakref
 
@@ -31,6 +30,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .errors import SharedMemoryError
+from .portability import has_memfd
 from .protocol import ROLL
 from .recording import rollout_template
 from .recycle import holds_lazy_stacks, retire_before_fork, unheld
@@ -114,7 +114,7 @@ class WorkerRollouts:
         storage.bound = self.env._bind_in_workers("bind_rollout", payload, storage.bound)
 
     def _make(self, template: TensorDictBase) -> _Storage | None:
-        if not hasattr(os, "memfd_create") or holds_lazy_stacks(template):
+        if not has_memfd() or holds_lazy_stacks(template):
             return None  # (heterogeneous entries, e.g. one per agent, have no one-piece storage)
         if live_storages() >= MAX_LIVE:
             return None
