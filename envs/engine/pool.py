@@ -2,12 +2,13 @@
 runs the start-up handshake with them, sends commands and waits for them, replaces failed workers and stops
 them.
 
-While it waits, the main process checks every ``poll_s`` that the worker is alive (a dead one is a
-:class:`~tdcollect.envs.errors.WorkerDiedError` with its exit code) and enforces ``timeout``.
+While it waits, a worker that dies ends the wait at once (its sentinel; a
+:class:`~tdcollect.envs.errors.WorkerDiedError` with its exit code), and ``timeout`` is enforced every ``poll_s``.
 
 Waiting: waking a process blocked on a semaphore costs more than a cheap step on a VM; polling the semaphore
 answers at once but burns a core. So both sides wait as ``protocol.Wait`` does: sleep through the part of the
-wait their recent waits say is sure to pass, poll for up to ``spin_s`` seconds, then block; and
+wait their recent waits say is sure to pass, poll for up to ``spin_s`` seconds, then block (on the doorbell and the
+workers' sentinels, never a timed semaphore wait: see "Waiting" in ``protocol.py``); and
 ``platform_policy.default_spin_s`` polls up to two workers per usable core, and blocks at once beyond.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import atexit
 import functools
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util  # noqa: F401 - its exit hook is registered before ours (see _stop_live_pools)
 import threading
 import time
@@ -24,8 +26,17 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from .errors import MissingMainGuardError, WorkerDiedError, WorkerError, WorkerTimeoutError, failures_of, worker_error
+from .errors import (
+    MissingMainGuardError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeoutError,
+    failures_of,
+    open_files_error,
+    worker_error,
+)
 from .platform_policy import GUARD_MESSAGE, resolve_spin_s
+from .portability import is_out_of_files, open_files_limit
 from .preload import import_now, tensordict_first_use
 from .protocol import (
     CALL,
@@ -109,6 +120,7 @@ class WorkerPool:
         num_workers = len(args)
         spin_s, self._poll_s = resolve_spin_s(spin_s, num_workers), min(0.25, self.timeout)
         context = tmp.get_context(start_method)
+        open_files_limit()  # (raised towards portability.WANTED_OPEN_FILES where the hard limit allows: macOS has 256)
         if start_method != "spawn":
             preload = [*preload, *tensordict_first_use()]
         if start_method == "forkserver":
@@ -130,6 +142,10 @@ class WorkerPool:
         self._wake = [None] * num_workers
         self._done = [None] * num_workers
         self._any_done = semaphore(context)
+        # the doorbell the workers ring while this process blocks (see "Waiting" in protocol.py)
+        self._doorbell, self._doorbell_writer = context.Pipe(duplex=False)
+        self._blocked_tensor = in_shared_memory(torch.zeros(1, dtype=torch.int32), "the doorbell's flag")
+        self._blocked = self._blocked_tensor.numpy()
         self._last_liveness_check = 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
         self._found_done: set[int] = set()  # see wait_for
@@ -142,8 +158,10 @@ class WorkerPool:
             for w in range(num_workers):
                 self._spawn(w)
             self._start_up(list(range(num_workers)), first=True)
-        except BaseException:
+        except BaseException as err:
             self.stop()
+            if is_out_of_files(err):
+                raise open_files_error(f"starting {owner}'s {num_workers} workers", open_files_limit()) from err
             raise
 
     def _spawn(self, w: int) -> None:
@@ -154,11 +172,17 @@ class WorkerPool:
         # through the forkserver, the workers' single-threaded parent); otherwise the idle poll notices
         die_with_parent = self.start_method == "forkserver" or threading.current_thread() is threading.main_thread()
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w], self._command_tensor,
-                                self._status_tensor, self._spin_tensor, self._any_done, die_with_parent)
+                                self._status_tensor, self._spin_tensor, self._any_done, die_with_parent,
+                                self._doorbell_writer, self._blocked_tensor)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
                                name=f"{self.owner}-worker-{w}", daemon=self.daemon)
+        try:
+            proc.start()
+        except BaseException:  # (not kept: stop() joins the started ones)
+            parent_conn.close()
+            child_conn.close()
+            raise
         self.procs[w], self.conns[w] = proc, parent_conn
-        proc.start()
         child_conn.close()
 
     def _start_up(self, workers: list[int], first: bool = False) -> None:
@@ -332,10 +356,14 @@ class WorkerPool:
         dones = self._done
         while len(finished) < n:
             if first is not None:
-                acquired, first = first.acquire(any_done, self.spin_s, self._poll_s), None
+                acquired = first.settle(any_done, self.spin_s)
+                if not acquired and self._block(any_done, pending, self._poll_s):
+                    acquired = True
+                    first.record()
+                first = None
                 spin_until = time.perf_counter() + self.spin_s  # one more poll budget for the others
             else:
-                acquired = poll(any_done, spin_until) or any_done.acquire(timeout=self._poll_s)
+                acquired = poll(any_done, spin_until) or self._block(any_done, pending, self._poll_s)
             # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
             if not acquired or time.monotonic() - self._last_liveness_check > self._poll_s:
                 self._last_liveness_check = time.monotonic()
@@ -398,13 +426,17 @@ class WorkerPool:
         for w in workers:
             done = dones[w]
             if first is not None:
-                acquired, first = first.acquire(done, self.spin_s, self._poll_s), None
+                acquired = first.settle(done, self.spin_s)
+                if not acquired and self._block(done, (w,), self._poll_s):
+                    acquired = True
+                    first.record()  # (a wait longer than the poll: the next one sleeps through most of it)
+                first = None
                 spin_until = time.perf_counter() + self.spin_s
                 if acquired:
                     continue
             elif poll(done, spin_until):
                 continue
-            while not done.acquire(timeout=self._poll_s):
+            while not self._block(done, (w,), self._poll_s):
                 deadline = deadline or time.monotonic() + self.timeout - self._poll_s
                 failure = self._liveness_failure(w, during, deadline)
                 if failure is not None:
@@ -438,8 +470,8 @@ class WorkerPool:
         if timeout is not None:
             deadline = time.monotonic() + timeout
             for w in (w for w in workers if w not in found):
-                while not dones[w].acquire(timeout=min(self._poll_s, max(0.0, deadline - time.monotonic()))):
-                    if self.procs[w] is None or self.procs[w].exitcode is not None:
+                while not self._block(dones[w], (w,), min(self._poll_s, max(0.0, deadline - time.monotonic()))):
+                    if self._is_dead(w):
                         break  # (closed or dead: wait() says so)
                     if time.monotonic() >= deadline:
                         raise multiprocessing.TimeoutError(
@@ -452,19 +484,49 @@ class WorkerPool:
         found.clear()
         return self.wait(workers, code)
 
+    def _block(self, semaphore, workers, timeout: float) -> bool:
+        """Block until ``semaphore`` is acquired (True), or until one of ``workers`` dies or ``timeout`` seconds pass
+        (False: the caller checks them), on the doorbell and the workers' sentinels (see "Waiting" in
+        ``protocol.py``): never a timed semaphore wait."""
+        procs = self.procs
+        sentinels = [procs[w].sentinel for w in workers if procs[w] is not None]
+        doorbell = self._doorbell
+        blocked = self._blocked
+        until = time.monotonic() + timeout
+        blocked[0] = 1
+        try:
+            while not semaphore.acquire(False):  # (after the flag: a worker done since then rings)
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                ready = multiprocessing.connection.wait([doorbell, *sentinels], left)
+                if doorbell not in ready:  # a worker died, or the time is up
+                    return semaphore.acquire(False)
+                while doorbell.poll():
+                    doorbell.recv_bytes()
+            return True
+        finally:
+            blocked[0] = 0
+
     def _liveness_failure(self, w: int, during: str, deadline: float):
         """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then
         killed), or None while it may still answer."""
         if self.procs[w] is None:
             raise RuntimeError(f"this {self.owner} was closed (from another thread?) while it waited for worker "
                                f"{w}'s {during}.")
-        if self.procs[w].exitcode is not None:
+        if self._is_dead(w):
             return self._died_error(w, during)
         if time.monotonic() > deadline:
             self.procs[w].kill()
             reap(self.procs[w], 5.0)
             return WorkerTimeoutError(w, self.timeout, during)
         return None
+
+    def _is_dead(self, w: int) -> bool:
+        """Whether worker ``w`` is gone (closed, exited, or its sentinel says so: dead even where another waiter
+        reaped it and its exit code cannot be known)."""
+        proc = self.procs[w]
+        return proc is None or proc.exitcode is not None or bool(multiprocessing.connection.wait([proc.sentinel], 0))
 
     def _died_error(self, w: int, during: str) -> Exception:
         """The error for worker ``w``, found dead (or whose pipe broke: it is given a second to exit, so that
@@ -508,7 +570,10 @@ class WorkerPool:
         self._wake = [None] * len(self._wake)
         self._done = [None] * len(self._done)
         self._any_done = None
+        self._doorbell_writer.close()  # (a block racing this one from another thread ends: the closed error)
+        self._doorbell.close()
         # private copies: the shared segments are freed now, and a call racing this one still finds arrays
         self._command, self._status, self._spin = self._command.copy(), self._status.copy(), self._spin.copy()
         # the workers' arguments hold segments too
-        self._command_tensor = self._status_tensor = self._spin_tensor = self._args = None
+        self._blocked = self._blocked.copy()
+        self._command_tensor = self._status_tensor = self._spin_tensor = self._blocked_tensor = self._args = None

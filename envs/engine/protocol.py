@@ -82,19 +82,31 @@ larger than the pipe's buffer cannot deadlock.
 
 Waiting (one strategy, :class:`Wait`, on both sides): sleep through the part of the wait that is sure to pass,
 then poll, then block. A side that waited about as long the last few times (a worker step, the main process'
-work between steps) first blocks on its semaphore with a timeout ending :data:`WAKE_MARGIN_S` before the
-shortest of its recent waits, then polls it (``acquire(False)``, no system call) for up to ``spin_s`` seconds,
-then blocks. So an answer is seen within microseconds while the poll burns a core only for the margin, not for
-the whole of a long step or policy. ``spin_s = 0`` blocks at once. An idle worker wakes every
-:data:`IDLE_POLL_S` to exit if the main process is gone (on Linux it is killed with it anyway).
+work between steps) first sleeps (``time.sleep``) until :data:`WAKE_MARGIN_S` before the shortest of its recent
+waits, then polls its semaphore (``acquire(False)``, no system call) for up to ``spin_s`` seconds, then blocks. So
+an answer is seen within microseconds while the poll burns a core only for the margin, not for the whole of a long
+step or policy. ``spin_s = 0`` blocks at once.
+
+Blocking never takes a timed semaphore wait: macOS has no ``sem_timedwait``, and CPython's timed ``acquire`` polls
+there with sleeps of up to 20 ms (see ``portability.py``). So:
+
+- a worker blocks on ``wake[w]`` without a timeout; a thread of its own (:meth:`WorkerChannel.start`) watches the
+  main process' sentinel and wakes it when the main process is gone (on Linux it is killed with it anyway);
+- the main process blocks in ``multiprocessing.connection.wait`` (``select`` / ``WaitForMultipleObjects``, which
+  block properly on every platform) on the workers' sentinels and its **doorbell**, a pipe that every worker
+  shares: before blocking it sets ``blocked[0]`` (shared int32) and tries its semaphore once more; a worker rings
+  the doorbell after releasing ``done[w]`` / ``any_done`` whenever ``blocked[0]`` is set. A worker's death ends the
+  block at once (its sentinel), and the block's timeout enforces ``timeout``.
 """
 from __future__ import annotations
 
 import io
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -102,6 +114,7 @@ from typing import Any, Protocol
 import torch
 
 from .errors import error_report
+from .portability import ask_to_die_with_parent, is_windows, yield_core
 
 # command codes
 STEP = 1
@@ -162,7 +175,8 @@ class WorkerChannel:
     """A worker's end of the protocol: its pipe, its semaphores and the shared command/status arrays."""
 
     def __init__(self, index, conn, wake, done, command: torch.Tensor, status: torch.Tensor,
-                 spin: torch.Tensor | None = None, any_done=None, die_with_parent: bool = True):
+                 spin: torch.Tensor | None = None, any_done=None, die_with_parent: bool = True,
+                 doorbell=None, blocked: torch.Tensor | None = None):
         self.index = index
         self.conn = conn
         self.wake = wake
@@ -173,13 +187,34 @@ class WorkerChannel:
         self.spin_tensor = spin
         self.any_done = any_done
         self.die_with_parent = die_with_parent
+        #: the write end of the main process' doorbell pipe, rung after ``done`` while ``blocked[0]`` says the main
+        #: process blocks on it (see "Waiting" in the module docstring); None: never rung
+        self.doorbell = doorbell
+        self.blocked_tensor = blocked
+        #: set by the parent watch (see :meth:`start`) when the main process is gone
+        self.parent_gone = False
 
     def start(self) -> None:
-        """First thing in a worker: die with the main process (see :func:`_die_with_parent`); leave Ctrl-C to
+        """First thing in a worker: die with the main process (see :func:`_die_with_parent`), and watch it from a
+        thread that wakes the serving loop when it is gone (the loop blocks without a timeout); leave Ctrl-C to
         the main process (which shuts the workers down); one thread (the cores are the workers')."""
         _die_with_parent(self.die_with_parent)
+        threading.Thread(target=self._watch_parent, name="tdcollect-parent-watch", daemon=True).start()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
+
+    def _watch_parent(self) -> None:
+        """Block until the main process is gone (its sentinel: a pipe that closes, a process handle that is
+        signalled; or, on POSIX, a new parent process id), then mark it and wake the serving loop."""
+        parent = multiprocessing.parent_process()
+        if parent is None:
+            return
+        parent_pid = os.getppid()
+        while not multiprocessing.connection.wait([parent.sentinel], IDLE_POLL_S):
+            if not is_windows() and os.getppid() != parent_pid:
+                break
+        self.parent_gone = True
+        self.wake.release()
 
     def fail_start(self, exc: BaseException, during: str = "construction") -> None:
         """Report a start-up failure (building what the worker owns, or binding it to the setup payload:
@@ -223,13 +258,14 @@ class WorkerChannel:
         status = self.status_tensor.numpy()
         index = self.index
         spin = self.spin_tensor.numpy() if self.spin_tensor is not None else (0.0,)
+        blocked = self.blocked_tensor.numpy() if self.blocked_tensor is not None else (0,)
         wait = Wait()
         while True:
-            acquired = wait.acquire(self.wake, spin[0], IDLE_POLL_S)
-            while not acquired:  # idle: block, checking every IDLE_POLL_S that the main process is there
-                if not _main_process_alive():
-                    return
-                acquired = self.wake.acquire(timeout=IDLE_POLL_S)
+            if not wait.settle(self.wake, spin[0]):
+                self.wake.acquire()  # untimed: the parent watch wakes it if the main process goes
+                wait.record()
+            if self.parent_gone:
+                return
             code = int(command[index])
             notify = bool(code & NOTIFY)
             code &= ~NOTIFY
@@ -254,9 +290,18 @@ class WorkerChannel:
             self.done.release()
             if notify:
                 self.any_done.release()
+            if blocked[0]:
+                self._ring()
             if reply is not None:  # after done: a reply larger than the pipe's buffer waits for the main process
                 self.conn.send(reply)
             wait.start()
+
+    def _ring(self) -> None:
+        """Ring the main process' doorbell (it blocks on it, see "Waiting"); nothing if it is gone."""
+        try:
+            self.doorbell.send_bytes(b"")
+        except OSError:  # (closed: the main process is stopping)
+            pass
 
 
 #: How long before the shortest recent wait a side stops sleeping and starts polling: a timed sleep ends up to
@@ -268,8 +313,9 @@ RECENT_WAITS = 8
 
 class Wait:
     """One side's wait for its semaphore (see the module docstring). :meth:`start` when the thing waited for
-    begins (a command sent, an answer given); :meth:`acquire` sleeps through the part of the wait that the shortest
-    of the last :data:`RECENT_WAITS` waits says is sure to pass, polls for ``spin_s`` seconds, then blocks."""
+    begins (a command sent, an answer given); :meth:`settle` sleeps through the part of the wait that the shortest
+    of the last :data:`RECENT_WAITS` waits says is sure to pass, then polls for ``spin_s`` seconds; a side that it
+    leaves without the semaphore blocks in its own way, then calls :meth:`record`."""
 
     def __init__(self):
         self.began = time.perf_counter()
@@ -278,20 +324,25 @@ class Wait:
     def start(self) -> None:
         self.began = time.perf_counter()
 
-    def acquire(self, semaphore, spin_s: float, timeout: float) -> bool:
-        """True once ``semaphore`` is acquired: after the sleep, within ``spin_s`` of polling, or blocking up to
-        ``timeout`` seconds after that (False then: the caller goes on blocking, with its own checks)."""
-        if spin_s > 0:
-            sleep = min(self.recent, default=0.0) - WAKE_MARGIN_S - (time.perf_counter() - self.began)
-            acquired = ((sleep > WAKE_MARGIN_S and semaphore.acquire(timeout=sleep))
-                        or poll(semaphore, time.perf_counter() + spin_s) or semaphore.acquire(timeout=timeout))
-        else:
-            acquired = semaphore.acquire(timeout=timeout)
-        if acquired:
-            self.recent.append(time.perf_counter() - self.began)
-            if len(self.recent) > RECENT_WAITS:
-                del self.recent[0]
-        return acquired
+    def settle(self, semaphore, spin_s: float) -> bool:
+        """True once ``semaphore`` is acquired after the sleep or within ``spin_s`` of polling (the wait is
+        recorded); False: the caller blocks. The sleep is ``time.sleep``, never a timed semaphore wait (those
+        poll on macOS, see ``portability.py``)."""
+        if spin_s <= 0:
+            return False
+        sleep = min(self.recent, default=0.0) - WAKE_MARGIN_S - (time.perf_counter() - self.began)
+        if sleep > WAKE_MARGIN_S:
+            time.sleep(sleep)
+        if poll(semaphore, time.perf_counter() + spin_s):
+            self.record()
+            return True
+        return False
+
+    def record(self) -> None:
+        """The semaphore was acquired: remember how long this wait took."""
+        self.recent.append(time.perf_counter() - self.began)
+        if len(self.recent) > RECENT_WAITS:
+            del self.recent[0]
 
 
 def poll(semaphore, until: float) -> bool:
@@ -302,7 +353,7 @@ def poll(semaphore, until: float) -> bool:
             return True
         if time.perf_counter() >= until:
             return False
-        os.sched_yield()
+        yield_core()
 
 
 def _die_with_parent(use_signal: bool) -> None:
@@ -310,14 +361,8 @@ def _die_with_parent(use_signal: bool) -> None:
     forkserver, which itself ends with the main process). Linux sends it when the parent's creating *thread*
     exits, so a pool created in another thread passes False; the idle poll of :func:`_main_process_alive`
     (every :data:`IDLE_POLL_S`) is the fallback."""
-    if use_signal and sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    if use_signal:
+        ask_to_die_with_parent()
     if not _main_process_alive():
         os._exit(0)
 
