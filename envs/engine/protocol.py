@@ -330,17 +330,24 @@ class Wait:
         poll on macOS, see ``portability.py``)."""
         if spin_s <= 0:
             return False
-        sleep = min(self.recent, default=0.0) - WAKE_MARGIN_S - (time.perf_counter() - self.began)
+        waited = time.perf_counter() - self.began
+        sleep = min(self.recent, default=0.0) - WAKE_MARGIN_S - waited
         if sleep > WAKE_MARGIN_S:
             time.sleep(sleep)
+            if semaphore.acquire(False):  # it came during the sleep: this wait took at most ``waited``
+                self.record(waited)
+                return True
         if poll(semaphore, time.perf_counter() + spin_s):
             self.record()
             return True
         return False
 
-    def record(self) -> None:
-        """The semaphore was acquired: remember how long this wait took."""
-        self.recent.append(time.perf_counter() - self.began)
+    def record(self, took: float | None = None) -> None:
+        """The semaphore was acquired: remember how long this wait took, or ``took`` instead. A wait found over
+        right after its sleep ended at some point before (a sleep cannot end early): it is remembered as ending
+        when the sleep began, or the estimate would come down by no more than the margin a wait (measured: a
+        public step loop on cheap envs at half its speed for its first second)."""
+        self.recent.append(time.perf_counter() - self.began if took is None else took)
         if len(self.recent) > RECENT_WAITS:
             del self.recent[0]
 
