@@ -72,7 +72,7 @@ _listdir = os.listdir
 def _no_dev_shm(path) -> None:
     """``/dev/shm`` is gone for tdcollect's modules (the standard library, which still runs its Linux code paths
     here, keeps it: its shared heap lives there on Linux and in the temp folder on macOS)."""
-    if isinstance(path, int) or not os.fspath(path).startswith("/dev/shm"):
+    if isinstance(path, int) or not os.fsdecode(path).startswith("/dev/shm"):
         return
     caller = sys._getframe(2).f_globals.get("__name__", "")
     if caller.startswith("tdcollect"):
