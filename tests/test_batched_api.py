@@ -227,34 +227,43 @@ class RecordingSemaphore:
         return len(self.calls) > self.acquired_at
 
 
-def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass():
-    """protocol.Wait: with no history it polls at once; after waits of ~50 ms it first blocks until the margin
-    before the shortest of them, then polls; with spin_s = 0 it only blocks; every acquired wait is remembered."""
+def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass(monkeypatch):
+    """protocol.Wait: with no history it polls at once; after waits of ~50 ms it first sleeps until the margin before
+    the shortest of them (``time.sleep``: never a timed semaphore wait), then polls; a wait found over right after its
+    sleep is remembered as ending when the sleep began; with spin_s = 0 it leaves the blocking to its caller at once;
+    every acquired wait is remembered."""
+    import time as real_time
+    import types
+
+    from tdcollect.envs.engine import protocol
     from tdcollect.envs.engine.protocol import RECENT_WAITS, WAKE_MARGIN_S, Wait
 
+    sleeps = []
+    monkeypatch.setattr(protocol, "time", types.SimpleNamespace(perf_counter=real_time.perf_counter,
+                                                                sleep=sleeps.append))
     wait = Wait()
     fresh = RecordingSemaphore(acquired_at=1)
-    assert wait.acquire(fresh, spin_s=0.01, timeout=1.0)
-    assert fresh.calls[:2] == [False, False]  # polled: nothing known of this wait yet
+    assert wait.settle(fresh, spin_s=0.01)
+    assert fresh.calls[:2] == [False, False] and sleeps == []  # polled: nothing known of this wait yet
     assert len(wait.recent) == 1
 
     wait.recent = [0.08, 0.05, 0.07]
     wait.start()
     learned = RecordingSemaphore(acquired_at=0)
-    assert wait.acquire(learned, spin_s=0.01, timeout=1.0)
-    sleep = learned.calls[0]
-    assert sleep is not False and 0.05 - WAKE_MARGIN_S - 0.01 < sleep <= 0.05 - WAKE_MARGIN_S
+    assert wait.settle(learned, spin_s=0.01)
+    assert len(sleeps) == 1 and 0.05 - WAKE_MARGIN_S - 0.01 < sleeps[0] <= 0.05 - WAKE_MARGIN_S
+    assert learned.calls == [False]  # no timed acquire: one poll after the sleep, and it was there
+    assert len(wait.recent) == 4 and wait.recent[-1] < 0.01  # remembered as over when the sleep began
 
-    assert len(wait.recent) == 4  # this one too (the stand-in answered at once)
     wait.recent = [0.05]
     wait.start()
-    not_yet = RecordingSemaphore(acquired_at=3)  # the sleep and two polls find nothing, the third poll succeeds
-    assert wait.acquire(not_yet, spin_s=10.0, timeout=1.0)
-    assert not_yet.calls[0] is not False and not_yet.calls[1:] == [False, False, False]
+    not_yet = RecordingSemaphore(acquired_at=3)  # the check after the sleep and two polls find nothing
+    assert wait.settle(not_yet, spin_s=10.0)
+    assert not_yet.calls == [False, False, False, False] and len(sleeps) == 2
 
     blocking = RecordingSemaphore(acquired_at=5)
-    assert not wait.acquire(blocking, spin_s=0.0, timeout=0.25)
-    assert blocking.calls == [0.25]  # spin_s = 0: one block, and the caller goes on with its checks
+    assert not wait.settle(blocking, spin_s=0.0)
+    assert blocking.calls == [] and len(sleeps) == 2  # spin_s = 0: the caller blocks at once
     assert len(wait.recent) <= RECENT_WAITS
 
 
