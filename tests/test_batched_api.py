@@ -238,9 +238,15 @@ def test_a_wait_sleeps_through_what_its_recent_waits_say_is_sure_to_pass(monkeyp
     from tdcollect.envs.engine import protocol
     from tdcollect.envs.engine.protocol import RECENT_WAITS, WAKE_MARGIN_S, Wait
 
-    sleeps = []
-    monkeypatch.setattr(protocol, "time", types.SimpleNamespace(perf_counter=real_time.perf_counter,
-                                                                sleep=sleeps.append))
+    sleeps = []  # each sleep asked for; the clock moves on by it, as after a real one
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+
+    def clock():
+        return real_time.perf_counter() + sum(sleeps)
+
+    monkeypatch.setattr(protocol, "time", types.SimpleNamespace(perf_counter=clock, sleep=sleep))
     wait = Wait()
     fresh = RecordingSemaphore(acquired_at=1)
     assert wait.settle(fresh, spin_s=0.01)
