@@ -169,7 +169,7 @@ class WorkerPool:
         self._wake[w], self._done[w] = semaphore(context), semaphore(context)
         parent_conn, child_conn = context.Pipe()
         # PR_SET_PDEATHSIG fires when the creating *thread* exits: only ask for it from the main thread (or
-        # through the forkserver, the workers' single-threaded parent); otherwise the idle poll notices
+        # through the forkserver, the workers' single-threaded parent); otherwise the worker's parent watch notices
         die_with_parent = self.start_method == "forkserver" or threading.current_thread() is threading.main_thread()
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w], self._command_tensor,
                                 self._status_tensor, self._spin_tensor, self._any_done, die_with_parent,
@@ -356,11 +356,7 @@ class WorkerPool:
         dones = self._done
         while len(finished) < n:
             if first is not None:
-                acquired = first.settle(any_done, self.spin_s)
-                if not acquired and self._block(any_done, pending, self._poll_s):
-                    acquired = True
-                    first.record()
-                first = None
+                acquired, first = self._settle_or_block(first, any_done, pending), None
                 spin_until = time.perf_counter() + self.spin_s  # one more poll budget for the others
             else:
                 acquired = poll(any_done, spin_until) or self._block(any_done, pending, self._poll_s)
@@ -426,11 +422,7 @@ class WorkerPool:
         for w in workers:
             done = dones[w]
             if first is not None:
-                acquired = first.settle(done, self.spin_s)
-                if not acquired and self._block(done, (w,), self._poll_s):
-                    acquired = True
-                    first.record()  # (a wait longer than the poll: the next one sleeps through most of it)
-                first = None
+                acquired, first = self._settle_or_block(first, done, (w,)), None
                 spin_until = time.perf_counter() + self.spin_s
                 if acquired:
                     continue
@@ -483,6 +475,17 @@ class WorkerPool:
             dones[w].release()
         found.clear()
         return self.wait(workers, code)
+
+    def _settle_or_block(self, wait: Wait, semaphore, workers) -> bool:
+        """The first wait of a command (see ``protocol.Wait``): sleep through its sure part and poll, then block for
+        up to ``poll_s``; True once ``semaphore`` is acquired, the wait remembered either way (one longer than the
+        poll too: the next one sleeps through most of it); False: the caller goes on blocking, with its checks."""
+        if wait.settle(semaphore, self.spin_s):
+            return True
+        if self._block(semaphore, workers, self._poll_s):
+            wait.record()
+            return True
+        return False
 
     def _block(self, semaphore, workers, timeout: float) -> bool:
         """Block until ``semaphore`` is acquired (True), or until one of ``workers`` dies or ``timeout`` seconds pass

@@ -52,10 +52,6 @@ def is_windows() -> bool:
     return sys.platform == "win32"
 
 
-def is_macos() -> bool:
-    return sys.platform == "darwin"
-
-
 def fork_is_safe() -> bool:
     """Whether ``fork`` may start workers by default: on Linux. On macOS fork exists but is unsafe with the
     system's libraries (CPython made spawn its default there in 3.8, as TorchRL and gymnasium do); Windows has no
@@ -142,16 +138,6 @@ def open_files_limit() -> int | None:
             except (OSError, ValueError):
                 pass
     return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
-def open_files_count() -> int | None:
-    """Files this process has open now (None where the platform cannot say cheaply)."""
-    for folder in ("/proc/self/fd", "/dev/fd"):
-        try:
-            return len(os.listdir(folder))
-        except OSError:
-            continue
-    return None
 
 
 def is_out_of_files(err: BaseException) -> bool:

@@ -366,8 +366,9 @@ def poll(semaphore, until: float) -> bool:
 def _die_with_parent(use_signal: bool) -> None:
     """With ``use_signal``, ask Linux to SIGKILL this process when its parent dies (the main process, or the
     forkserver, which itself ends with the main process). Linux sends it when the parent's creating *thread*
-    exits, so a pool created in another thread passes False; the idle poll of :func:`_main_process_alive`
-    (every :data:`IDLE_POLL_S`) is the fallback."""
+    exits, so a pool created in another thread passes False; the parent watch of :meth:`WorkerChannel.start` (a
+    sentinel, checked against the parent's pid every :data:`IDLE_POLL_S`) is the fallback, and the only way on
+    macOS and Windows."""
     if use_signal:
         ask_to_die_with_parent()
     if not _main_process_alive():
