@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -28,6 +29,17 @@ def package_path(tree: str, shim: str) -> str:
     os.makedirs(shim, exist_ok=True)
     os.symlink(tree, os.path.join(shim, "tdcollect"))
     return shim
+
+
+@contextlib.contextmanager
+def worktree(revision: str, folder: str):
+    """Git revision ``revision`` checked out (detached) in ``folder`` while the block runs; removed after."""
+    subprocess.run(["git", "worktree", "add", "--detach", folder, revision], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", folder], cwd=REPO, check=False)
 
 
 def run_round(shim: str, run_args: list[str], out: str) -> list[dict]:
@@ -72,10 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write every round's runs to this file")
     args = p.parse_args(own)
     with tempfile.TemporaryDirectory(prefix="compare_trees_") as tmp:
-        base_tree = os.path.join(tmp, "base")
-        subprocess.run(["git", "worktree", "add", "--detach", base_tree, args.base], cwd=REPO, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
+        with worktree(args.base, os.path.join(tmp, "base")) as base_tree:
             shims = {"base": package_path(base_tree, os.path.join(tmp, "base_path")),
                      "head": package_path(REPO, os.path.join(tmp, "head_path"))}
             rounds: dict[str, list[list[dict]]] = {"base": [], "head": []}
@@ -83,8 +92,6 @@ def main(argv=None) -> int:
                 for version, shim in shims.items():
                     rounds[version].append(run_round(shim, run_args, os.path.join(tmp, f"{version}_{r}")))
                     print(f"round {r} {version} done", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", base_tree], cwd=REPO, check=False)
     print(f"\nbase = {args.base}, this tree = {REPO}; {args.rounds} rounds, interleaved\n")
     print(table(rounds))
     if args.json:

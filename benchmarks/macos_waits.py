@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from benchmarks.compare_trees import package_path, worktree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMITATION = os.path.join(REPO, "tests", "macos_semantics")
@@ -116,13 +119,6 @@ def measure(system: str) -> dict[str, float]:
     return rates
 
 
-def package_shim(tree: str, folder: str) -> str:
-    """A folder holding only ``tdcollect`` -> ``tree`` (first on ``PYTHONPATH``: the package imported)."""
-    os.makedirs(folder, exist_ok=True)
-    os.symlink(tree, os.path.join(folder, "tdcollect"))
-    return folder
-
-
 def run_child(system: str, semantics: str, shim: str | None) -> dict[str, float]:
     path = [IMITATION] if semantics == "macos" else []
     path += [shim] if shim else []
@@ -165,31 +161,24 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child)))
         return
-    with tempfile.TemporaryDirectory() as scratch:
-        versions = {"head": package_shim(REPO, os.path.join(scratch, "head"))}
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
+        versions = {"head": package_path(REPO, os.path.join(scratch, "head"))}
         if args.base:
-            tree = os.path.join(scratch, "base-tree")
-            subprocess.run(["git", "worktree", "add", "--detach", tree, args.base], cwd=REPO, check=True,
-                           capture_output=True)
-            versions["base"] = package_shim(tree, os.path.join(scratch, "base"))
+            tree = stack.enter_context(worktree(args.base, os.path.join(scratch, "base-tree")))
+            versions["base"] = package_path(tree, os.path.join(scratch, "base"))
         results = []
-        try:
-            for round_ in range(args.rounds):
-                for version, shim in versions.items():
-                    for system in args.systems:
-                        if system == "gym_async" and version == "base":
-                            continue  # (gymnasium is the same in both)
-                        for semantics in SEMANTICS:
-                            rates = run_child(system, semantics, shim)
-                            for loop, rate in rates.items():
-                                results.append({"round": round_, "version": version, "system": system,
-                                                "semantics": semantics, "loop": loop, "rate": rate})
-                            print(f"round {round_} {version} {system} {semantics}: "
-                                  + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()), flush=True)
-        finally:
-            if args.base:
-                subprocess.run(["git", "worktree", "remove", "--force", os.path.join(scratch, "base-tree")],
-                               cwd=REPO, check=False, capture_output=True)
+        for round_ in range(args.rounds):
+            for version, shim in versions.items():
+                for system in args.systems:
+                    if system == "gym_async" and version == "base":
+                        continue  # (gymnasium is the same in both)
+                    for semantics in SEMANTICS:
+                        rates = run_child(system, semantics, shim)
+                        for loop, rate in rates.items():
+                            results.append({"round": round_, "version": version, "system": system,
+                                            "semantics": semantics, "loop": loop, "rate": rate})
+                        print(f"round {round_} {version} {system} {semantics}: "
+                              + ", ".join(f"{k} {v:,.0f}" for k, v in rates.items()), flush=True)
     print(table(results))
     if args.json:
         with open(args.json, "w") as f:
