@@ -165,8 +165,7 @@ class CollectorBase:
 
     def __iter__(self):
         if self._closed:
-            raise RuntimeError(f"this {type(self).__name__} is shut down (by shutdown(), or after a worker failure "
-                               "it could not recover from); create a new one.")
+            raise self._shut_down_error()
         if self.options.trajs_per_batch is not None:
             yield from self._whole_trajectories(self._frame_batches())
             return
@@ -177,6 +176,11 @@ class CollectorBase:
             self._hold_while_paused()
             write_batch(self.replay_buffer, batch, self._envs_per_buffer_write(), self.options.extend_buffer)
             yield None  # TorchRL's collectors yield None when the batch went into the replay buffer
+
+    def _shut_down_error(self) -> RuntimeError:
+        """The one error of a call on (or in flight during) a shut down collector."""
+        return RuntimeError(f"this {type(self).__name__} is shut down (by shutdown(), or after a worker failure it "
+                            "could not recover from); create a new one.")
 
     def _frame_batches(self):
         """The fixed-frame batches, each in TorchRL's layout and through TorchRL's per-batch steps (see

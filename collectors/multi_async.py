@@ -66,14 +66,14 @@ class MultiAsyncCollector(ProcessCollector):
         if self._handshake.stacked:  # the batch comes by pipe, a new one each time (see stacked.py)
             batch = self._pool.reply(w)
         elif self.return_same_td:
-            storage = self._handshake.storages[w]
+            storage = self._storage(w)
             if w not in self._reused_batch:
                 self._reused_batch[w] = storage.clone()
             else:
                 self._reused_batch[w].update_(storage.select(*self._reused_batch[w].keys(True, True), strict=False))
             batch = self._reused_batch[w]
         else:
-            batch = self._recycler.clone(self._handshake.storages[w])
+            batch = self._recycler.clone(self._storage(w))
         self._count_batches([w], batch.shape[-1])
         self._acted_versions = self._versions_tensor.clone()  # (before the worker records its next batch's)
         self._start([w])  # it collects its next batch while the caller uses this one

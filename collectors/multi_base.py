@@ -187,6 +187,14 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             self._restart_trajectories(self._rows(w))
         return workers
 
+    def _storage(self, w: int) -> TensorDictBase:
+        """Worker ``w``'s batch storage in shared memory. A :meth:`shutdown` from another thread drops the storages
+        while a collection may be about to read them: that call ends with the one "shut down" error."""
+        storage = self._handshake.storages.get(w)
+        if storage is None:
+            raise self._shut_down_error()
+        return storage
+
     def frames_per_batch_worker(self, *, worker_idx: int | None = None) -> int:
         """The frames worker ``worker_idx`` collects per batch (TorchRL's method; rounded up to its envs)."""
         if worker_idx is None:

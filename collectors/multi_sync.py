@@ -85,7 +85,7 @@ class MultiSyncCollector(ProcessCollector):
                 self.shutdown()
                 raise
         if not stacked:
-            parts = [self._handshake.storages[w] for w in range(self.num_workers)]
+            parts = [self._storage(w) for w in range(self.num_workers)]
         self._count_batches(list(range(self.num_workers)), parts[0].shape[-1])
         if self.interruptor is not None:
             per_env = torch.repeat_interleave(self._steps_taken, torch.tensor(self.envs_per_worker))

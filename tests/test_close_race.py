@@ -102,3 +102,31 @@ def test_close_from_another_thread_at_any_moment_is_the_closed_error(face, no_le
 def test_close_race_many_rounds(face, no_leaks):
     for seed in range(SLOW_ROUNDS):
         one_round(face, 1000 + seed)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("collector", ["MultiSyncCollector", "MultiAsyncCollector"])
+def test_shutdown_right_after_the_workers_answered_is_the_shut_down_error(collector, no_leaks):
+    """The narrowest window of the race above, made certain: ``shutdown()`` from another thread lands after the
+    workers delivered their batches and before the collector read their storages (which shutdown drops)."""
+    from tdcollect import collectors
+
+    owner = getattr(collectors, collector)([functools.partial(CountingEnv, 4)] * 2, None, frames_per_batch=4)
+    try:
+        finished = owner._pool.run if collector == "MultiSyncCollector" else owner._next_finished
+
+        def then_shut_down(*args, **kwargs):
+            answer = finished(*args, **kwargs)
+            closer = threading.Thread(target=owner.shutdown)
+            closer.start()
+            closer.join()
+            return answer
+
+        if collector == "MultiSyncCollector":
+            owner._pool.run = then_shut_down
+        else:
+            owner._next_finished = then_shut_down
+        with pytest.raises(RuntimeError, match="shut down"):
+            next(iter(owner))
+    finally:
+        owner.shutdown()
