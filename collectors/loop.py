@@ -22,7 +22,7 @@ import cloudpickle
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, TransformedEnv
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdcollect.envs.batched import BatchedEnv
@@ -30,7 +30,7 @@ from tdcollect.envs.engine.recording import StepRecorder
 from tdcollect.envs.engine.shared import in_shared_memory
 from tdcollect.envs.engine.values import check_finite
 from tdcollect.envs.inputs import COLLECTOR_ACTION_CHECKS, action_check, in_spec_shape
-from tdcollect.envs.libs.envbase import check_entries, expected_entries
+from tdcollect.envs.libs.envbase import check_entries, expected_entries, seeding_resets
 
 from .policies import ActionSampler, RandomPolicy, UnwrappedModule, policy_module
 from .profiling import RolloutProfiler
@@ -144,7 +144,9 @@ class BatchLoop:
     def _template(self) -> TensorDictBase:
         """Zeros shaped like one step: the env's fake step plus whatever else the policy writes."""
         fake = self.env.fake_tensordict()
-        with torch.no_grad(), set_exploration_type(self.exploration_type):
+        # (the probe draws nothing from the caller's RNGs: TorchRL's collector makes no such call, and a sampling
+        # policy's first actions must be the draws they are in TorchRL's collection)
+        with torch.no_grad(), set_exploration_type(self.exploration_type), rngs_untouched():
             probe = self.policy(self.root.clone())
         extra = set(probe.keys(True, True)) - set(fake.keys(True, True))
         if extra:
@@ -198,16 +200,22 @@ class BatchLoop:
         self.policy_outputs_at = [[leaves[k][:, t] for k in self.policy_keys] for t in range(self.steps)]
 
     def set_seed(self, seed: int, static_seed: bool = False, seed_process: bool = False) -> int:
-        """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and start fresh episodes;
-        returns the env's answer (the seed after its last env's). ``seed_process``: this process' torch and numpy
-        RNGs are seeded with ``seed`` too, before the resets draw from them, as TorchRL's collector workers do
-        (a worker process's own; never the caller's process: TorchRL's ``Collector.set_seed`` leaves its RNG
-        alone, so the policy's draws there go on from where the user's seed left them)."""
-        out = self.env.set_seed(seed, static_seed=static_seed)
+        """Seed the envs (TorchRL's chain from ``seed``, see ``EnvGroup.set_seed``) and start the episodes the
+        seeds start; returns the env's answer (the seed after its last env's). ``seed_process``: this process'
+        torch and numpy RNGs are seeded with ``seed`` too, before the resets draw from them, as TorchRL's collector
+        workers do (a worker process's own; never the caller's process: TorchRL's ``Collector.set_seed`` leaves
+        its RNG alone, so the policy's draws there go on from where the user's seed left them).
+
+        The episodes: TorchRL's collector steps on from the state the seeding left each env in, which for a
+        ``GymEnv`` is the seeded episode's start (its seeding is a reset), yet its first step's ``"observation"``
+        is the one it held from before the seed (a step that never happened). Here the batch starts at the
+        seeded episode's start with that episode's observation (``BatchedEnv.seed_episodes``): the same data as
+        TorchRL's but that first observation of each env."""
+        out, reset_kwargs = seed_into_episodes(self.env, seed, static_seed)
         if seed_process:
             torch.manual_seed(seed)
             np.random.seed(seed)
-        self.reset_envs()
+        self.reset_envs(**reset_kwargs)
         return out
 
     # ------------------------------------------------ TorchRL's remote helpers (see remote_calls.py)
@@ -255,9 +263,10 @@ class BatchLoop:
         module = policy_module(self.policy)
         return {} if module is None else module.state_dict()
 
-    def reset_envs(self) -> None:
-        """Every env starts a new episode (the next batch begins with a reset)."""
-        self.root = self.env.reset()
+    def reset_envs(self, **reset_kwargs) -> None:
+        """Every env starts a new episode (the next batch begins with a reset; ``reset_kwargs`` go to the env's
+        ``reset``)."""
+        self.root = self.env.reset(**reset_kwargs)
         self.traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
 
     # ----------------------------------------------------------------- one batch
@@ -409,3 +418,24 @@ def exploration_type_of(given):
 def _is_next(key) -> bool:
     return isinstance(key, tuple) and key[0] == "next"
 
+
+def seed_into_episodes(env: EnvBase, seed: int, static_seed: bool) -> tuple[int | None, dict]:
+    """``env.set_seed(seed, static_seed)`` such that a reset with the returned keyword arguments starts the
+    episodes the seeds start: ``(the seed after the last env's, reset kwargs)``. One of tdcollect's batched envs
+    under any ``TransformedEnv`` (whose ``set_seed`` is its base env's) is seeded through
+    ``BatchedEnv.seed_episodes``; a TorchRL env whose seeding is itself a reset (``GymEnv``, stepped as it is) is
+    reset with ``seed=seed`` (the seeded reset again); any other env's next reset starts the seeded episodes."""
+    base = env
+    while isinstance(base, TransformedEnv):
+        base = base.base_env
+    if isinstance(base, BatchedEnv):
+        return base.seed_episodes(seed, static_seed), {}
+    out = env.set_seed(seed, static_seed=static_seed)
+    return out, {"seed": seed} if seeding_resets(env) else {}
+
+
+def rngs_untouched():
+    """A context in which torch's random draws (the CPU generator's, and every initialized CUDA device's) leave the
+    generators as they were."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else [])

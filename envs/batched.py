@@ -1,7 +1,7 @@
 """BatchedEnv: the TorchRL ``EnvBase`` face shared by SerialEnv and ParallelEnv.
 
 A subclass owns ``num_envs`` envs and implements six hooks: ``_run_step(mask)``, ``_run_reset(mask)``,
-``_run_set_seed(seed, static_seed)``, ``_run_env_attribute(...)``, ``_shutdown()`` and ``_start_again()``.
+``_run_set_seed(seed, static_seed, episodes)``, ``_run_env_attribute(...)``, ``_shutdown()`` and ``_start_again()``.
 Everything else — specs, action checks, ``reset`` / ``step`` / ``step_and_maybe_reset`` / ``rollout``, seeding,
 forwarding (``forwarding.py``), ``close`` — lives here.
 
@@ -239,8 +239,9 @@ class BatchedEnv(Forwarding, EnvBase):
         entries as :meth:`_run_step` does."""
         raise NotImplementedError
 
-    def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
-        """Seed the envs in order, chaining seeds (see ``EnvGroup.set_seed``); return the next seed."""
+    def _run_set_seed(self, seed: int | None, static_seed: bool, episodes: bool = False) -> int | None:
+        """Seed the envs in order, chaining seeds (see ``EnvGroup.set_seed``, ``episodes`` too); return the next
+        seed."""
         raise NotImplementedError
 
     def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None) -> list:
@@ -473,6 +474,17 @@ class BatchedEnv(Forwarding, EnvBase):
         self._ensure_open()
         self._touched_since_start = True
         return self._run_set_seed(None if seed is None else int(seed), static_seed)
+
+    @one_thread
+    def seed_episodes(self, seed: int | None, static_seed: bool = False) -> int | None:
+        """:meth:`set_seed`, and the next reset starts the episodes these seeds start. Any reset after a seed does,
+        except for an env whose seeding is itself a reset (TorchRL's ``GymEnv`` resets the gymnasium env with the
+        seed): its next reset would start the episode after the seeded one; here it starts the seeded one again.
+        That is the state TorchRL's ``Collector.set_seed`` leaves its envs in (it steps on from it, with the
+        observation it held from before the seed): the collectors seed so, then reset. Returns the next seed."""
+        self._ensure_open()
+        self._touched_since_start = True
+        return self._run_set_seed(None if seed is None else int(seed), static_seed, episodes=True)
 
     def _set_seed(self, seed: int | None) -> None:
         self.set_seed(seed)

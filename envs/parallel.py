@@ -377,9 +377,10 @@ class ParallelEnv(BatchedEnv):
     def _run_reset(self, mask: np.ndarray | None) -> list | None:
         return self._run_and_gather(*self._command("reset", mask))
 
-    def _run_set_seed(self, seed: int | None, static_seed: bool, workers=None) -> int | None:
+    def _run_set_seed(self, seed: int | None, static_seed: bool, episodes: bool = False,
+                      workers=None) -> int | None:
         for w in range(self.num_workers) if workers is None else workers:  # in order: each chains the seed on
-            seed = self._run(self._pool.call, "set_seed", [(seed, static_seed)], [w])[0]
+            seed = self._run(self._pool.call, "set_seed", [(seed, static_seed, episodes)], [w])[0]
         return seed
 
     def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None,

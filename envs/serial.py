@@ -107,7 +107,9 @@ class SerialEnv(BatchedEnv):
     def _run_reset(self, mask: np.ndarray | None) -> list | None:
         return self._group.reset(None if mask is None else mask.reshape(self.num_envs, -1))
 
-    def _run_set_seed(self, seed: int | None, static_seed: bool) -> int | None:
+    def _run_set_seed(self, seed: int | None, static_seed: bool, episodes: bool = False) -> int | None:
+        if episodes:
+            return self._group.set_seed(seed, static_seed, episodes)
         return self._group.set_seed(seed, static_seed)
 
     def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None) -> list:

@@ -102,10 +102,10 @@ class WorkerView(ParallelEnv):
         parent._pending_reset[elements] = False
         self._copy_rows()
 
-    def _run_set_seed(self, seed, static_seed, workers=None):
+    def _run_set_seed(self, seed, static_seed, episodes=False, workers=None):
         self._check_parent()
         mine = self.workers if workers is None else [self.workers[w] for w in workers]
-        return self.parent._run_set_seed(seed, static_seed, mine)
+        return self.parent._run_set_seed(seed, static_seed, episodes, mine)
 
     def _run_env_attribute(self, path, op, args, kwargs, workers=None):
         self._check_parent()

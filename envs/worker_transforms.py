@@ -134,7 +134,9 @@ class TransformedGroup(GroupUnderTransform):
         """Take the worker's ``[k]`` rows of the buffers: the transformed env's outputs go there."""
         self._stepper.bind(BufferViews(buffers.unsqueeze(0), self.inner.first_index), 0)
 
-    def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
+    def set_seed(self, seed: int | None, static_seed: bool = False, episodes: bool = False) -> int | None:
+        """Seed the envs through the transformed env's ``set_seed`` (``episodes`` cannot pass through it: the next
+        reset is the transformed env's, as in TorchRL)."""
         return self._stepper.set_seed(seed, static_seed)
 
     def reset(self, mask: np.ndarray | None = None) -> list | None:

@@ -82,6 +82,8 @@ class EnvGroup:
             self.close()
             raise
         self._seeds: list[int | None] = [None] * len(self.steppers)
+        #: the seeds of envs seeded now whose next reset starts the seeded episode again (see set_seed's episodes)
+        self._episode_seeds: list[int | None] = [None] * len(self.steppers)
         self._block = None
         #: whether its envs have non-tensor entries: then step() and reset() return them (see objects_of)
         self.has_objects = any(getattr(stepper, "has_objects", False) for stepper in self.steppers)
@@ -104,14 +106,20 @@ class EnvGroup:
             stepper.bind(views, i)
         self._block = block_stepper(self.steppers, views, self.families)
 
-    def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
+    def set_seed(self, seed: int | None, static_seed: bool = False, episodes: bool = False) -> int | None:
         """Seed the envs one after the other as TorchRL's batched envs do: the first gets ``seed``, each next one
         the seed returned for the previous (``seed_generator(seed)``, or ``seed`` itself with ``static_seed``).
         An env whose stepper has ``set_seed`` (a TorchRL env) is seeded now; any other env at its next reset (then
-        forgotten: later resets continue its RNG). Returns the seed for an env after these."""
+        forgotten: later resets continue its RNG). Returns the seed for an env after these.
+
+        ``episodes``: each env's next reset starts the episode its seed starts. That is what any reset after a
+        seed does, except for an env whose seeding is itself a reset (TorchRL's ``GymEnv``): as TorchRL, its next
+        reset would start the episode after the seeded one; with ``episodes`` it starts the seeded one again
+        (``reset_into_seed``), the state TorchRL's ``Collector.set_seed`` leaves the env in and steps on from."""
         for i, stepper in enumerate(self.steppers):
             seed_now = getattr(stepper, "set_seed", None)
             if seed_now is not None:
+                self._episode_seeds[i] = seed if episodes else None
                 seed = seed_now(seed, static_seed)
                 continue
             self._seeds[i] = seed
@@ -129,8 +137,13 @@ class EnvGroup:
         reset (seeded if a seed is pending), a batched env with only some elements True resets those."""
         for i, stepper in enumerate(self.steppers):
             if mask is None or mask[i].all():
-                stepper.reset(self._seeds[i])
+                episode_seed = self._episode_seeds[i]
+                if episode_seed is not None and hasattr(stepper, "reset_into_seed"):
+                    stepper.reset_into_seed(episode_seed)
+                else:
+                    stepper.reset(self._seeds[i])
                 self._seeds[i] = None
+                self._episode_seeds[i] = None
             elif mask[i].any():
                 stepper.reset_elements(mask[i])
         return self.objects_of(range(len(self)) if mask is None else np.flatnonzero(mask.any(1)).tolist())

@@ -100,12 +100,14 @@ class Recording:
                         np.copyto(block.buffer_observations[1], columns[1][:, last + 1])
 
 
-def seed_worker(group, seed: int | None, static_seed: bool = False) -> int | None:
+def seed_worker(group, seed: int | None, static_seed: bool = False, episodes: bool = False) -> int | None:
     """A worker's ``set_seed``: this process's torch RNG is seeded with its first env's seed (what its envs' random
     draws use, e.g. TorchRL's ``NoopResetEnv`` or ``rand_step``), as in TorchRL's ParallelEnv workers; then its envs
-    are seeded in order (``EnvGroup.set_seed``). Returns the seed for an env after these."""
+    are seeded in order (``EnvGroup.set_seed``, ``episodes`` too). Returns the seed for an env after these."""
     if seed is not None:
         torch.manual_seed(seed)
+    if episodes:
+        return group.set_seed(seed, static_seed, episodes)
     return group.set_seed(seed, static_seed)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.envs import Compose, EnvBase, Transform
+from torchrl.envs import Compose, EnvBase, Transform, TransformedEnv
 
 from ..engine.shared import BufferViews, EnvSpecs, key_tuple
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
@@ -38,6 +38,15 @@ def stepper_of(env):
     """The stepper of a TorchRL env: its ``native_stepper()`` when it has one, else a :class:`TorchRLStepper`."""
     native = getattr(env, "native_stepper", None)
     return native() if callable(native) else TorchRLStepper(env)
+
+
+def seeding_resets(env) -> bool:
+    """Whether seeding ``env`` (a TorchRL env, under any ``TransformedEnv``) is a reset of a gym-like env inside
+    it (TorchRL's ``GymEnv``: ``set_seed`` calls the gymnasium env's ``reset(seed=...)``), so that its next reset
+    starts the episode after the seeded one."""
+    while isinstance(env, TransformedEnv):
+        env = env.base_env
+    return getattr(env, "_seed_calls_reset", None) is True
 
 
 class TorchRLStepper:
@@ -76,6 +85,18 @@ class TorchRLStepper:
         if seed is not None:
             self.env.set_seed(seed)
         self._state = self.env.reset()
+        self._check(self._state, self._root_shapes, "reset()")
+        _write(self._root, self._state.select(*self._root_keys))
+        self._keep_objects(None)
+
+    def reset_into_seed(self, seed: int) -> None:
+        """Reset into the episode ``seed`` starts, the env just seeded with it: where its seeding is itself a reset
+        (:func:`seeding_resets`), that reset again (``reset(seed=seed)``, which TorchRL hands to the gymnasium env),
+        else a plain reset (the next one after a seed starts the seeded episode)."""
+        if not seeding_resets(self.env):
+            self.reset()
+            return
+        self._state = self.env.reset(seed=seed)
         self._check(self._state, self._root_shapes, "reset()")
         _write(self._root, self._state.select(*self._root_keys))
         self._keep_objects(None)

@@ -42,7 +42,7 @@ from ..engine.shared import BufferViews
 from ..engine.specs import DONE_KEYS
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue
-from .envbase import TORCHRL_STEP, specs_of
+from .envbase import TORCHRL_STEP, seeding_resets, specs_of
 from .gym import (
     GymBlockStepper,
     GymRow,
@@ -165,6 +165,15 @@ class GymEnvStepper(GymRow):
         if seed is not None:
             self.env.set_seed(seed)
         obs, _ = self.gym_env.reset()
+        self._write_observation(obs, self._root, "reset()")
+
+    def reset_into_seed(self, seed: int) -> None:
+        """Reset into the episode ``seed`` starts, the env just seeded with it (TorchRL's ``set_seed`` was the
+        gymnasium env's ``reset(seed=seed)``: the same reset again, see ``EnvGroup.set_seed``)."""
+        if not seeding_resets(self.env):
+            self.reset()
+            return
+        obs, _ = self.gym_env.reset(seed=seed)
         self._write_observation(obs, self._root, "reset()")
 
     def step(self) -> None:

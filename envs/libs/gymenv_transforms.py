@@ -21,13 +21,15 @@ ones this env's last root held here (a caller's edit of the root's ``"lives"`` i
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torchrl.envs import TransformedEnv
 from torchrl.envs.libs.gym import GymWrapper
 from torchrl.envs.transforms import EndOfLifeTransform, NoopResetEnv
 
 from ..engine.stepper import Family
-from .envbase import specs_of, transform_parts
+from .envbase import seeding_resets, specs_of, transform_parts
 from .gymenv import GymEnvStepper, marked_stepper
 from .gymenv import why_not_native as why_not_native_gymenv
 
@@ -99,6 +101,13 @@ class TransformedGymEnvStepper(GymEnvStepper):
         if seed is not None:
             self.env.set_seed(seed)
         self._reset_env(self.gym_env.reset, "reset()")
+
+    def reset_into_seed(self, seed: int) -> None:
+        """The seeded episode again (see ``gymenv.py``), with the transforms' reset (no-ops, lives) on it."""
+        if not seeding_resets(self.env):
+            self.reset()
+            return
+        self._reset_env(functools.partial(self.gym_env.reset, seed=seed), "reset()")
 
     def step(self) -> None:
         i = self._i

@@ -192,8 +192,8 @@ class NativeTransformedGroup(GroupUnderTransform):
         # (base buffer, shared buffer) of each action entry: cast on copy where the transform casts it
         self._action_copies = [(base_action.get(key), views.action.get(key)) for key in base_action.keys(True, True)]
 
-    def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
-        return self.inner.set_seed(seed, static_seed)
+    def set_seed(self, seed: int | None, static_seed: bool = False, episodes: bool = False) -> int | None:
+        return self.inner.set_seed(seed, static_seed, episodes)
 
     def reset(self, mask: np.ndarray | None = None) -> list | None:
         """Reset every env (``mask is None`` or all True) or the envs whose row of ``mask`` (bool ``[k, 1]``) is
