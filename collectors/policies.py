@@ -228,3 +228,34 @@ def one_policy(policy, policy_factory, owner: str):
         raise TypeError(f"{owner}: policy_factory must be a function returning the policy, got "
                         f"{type(policy_factory).__name__}.")
     return policy_factory()
+
+
+def calls_at_construction(policy, fake: TensorDictBase) -> bool:
+    """Whether TorchRL's ``Collector`` calls ``policy`` once when it is built, to learn what it writes: unless the
+    policy's ``spec`` (all of its entries given) names every key of its ``out_keys`` that the env's ``fake``
+    step lacks. No policy is TorchRL's ``RandomPolicy``, which has no spec: called."""
+    if policy is None:
+        return True
+    spec = getattr(policy, "spec", None)
+    if spec is None or any(value is None for value in spec.values(True, True)):
+        return True
+    spec_keys = set(spec.keys(True, True))
+    named = spec_keys if any(key not in fake.keys(True, True) for key in spec_keys) else set()
+    return any(key not in named for key in getattr(policy, "out_keys", ()))
+
+
+def draw_as_torchrl_at_construction(policy, wrapped: Callable, env, root: TensorDictBase, unbatched: bool) -> None:
+    """The random draws TorchRL's ``Collector`` makes when it is built (:func:`calls_at_construction`: a call of
+    the policy on the first reset's output, under the caller's exploration type, outside any collection), made
+    here on the caller's generators: the draws that follow (the first actions, exploration noise) are TorchRL's.
+    ``policy``: the caller's (None: TorchRL's ``RandomPolicy``, one draw of the action spec); ``wrapped``: what
+    this collector calls (the same draws on a TensorDict of batch ``[1]`` for an ``unbatched`` env)."""
+    fake = env.fake_tensordict()
+    if not calls_at_construction(policy, fake):
+        return
+    with torch.no_grad():
+        if policy is None:
+            spec = env.full_action_spec
+            (spec[0] if unbatched else spec).rand()
+        else:
+            wrapped(root.clone())

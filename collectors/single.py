@@ -13,7 +13,7 @@ from tdcollect.envs.batched import stands_in_for_torchrl
 from .base import CollectorBase
 from .loop import DEFAULT_EXPLORATION_TYPE, BatchLoop, loop_options
 from .options import compiled, torchrl_options
-from .policies import make_policy, one_policy, policy_module, with_exploration_specs
+from .policies import draw_as_torchrl_at_construction, make_policy, one_policy, policy_module, with_exploration_specs
 from .policy_transforms import with_policy_transforms
 from .preemption import steps_taken_mask
 from .remote_calls import LocalCalls
@@ -120,6 +120,7 @@ class Collector(LocalCalls, CollectorBase):
             self._loop = BatchLoop(self.env, self.policy, steps, interruptor=interruptor, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values),
                 clear_device=same_device(env_device or device, policy_device or device) is None)
+            draw_as_torchrl_at_construction(policy, self.policy, self.env, self._loop.root, wrapped)
         except BaseException:
             self._shutdown()
             raise
