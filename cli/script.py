@@ -30,7 +30,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import swap
+from . import progress, swap
 
 #: the variable that tells a process started under ``tdcollect run`` to replace TorchRL's classes (its value: the
 #: layout)
@@ -50,6 +50,7 @@ def run_script(path: str, args: list[str], layout: str = "machine") -> int:
     os.environ[ENV_VAR] = layout
     os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
     replace_on_import(layout, report=True)
+    progress.install()  # (tqdm's rate before its first refresh: see progress.py)
     sys.argv = [str(script), *args]
     sys.path[0] = str(script.resolve().parent)
     try:
