@@ -273,6 +273,57 @@ def layout_of(runs: list[dict]) -> str:
     return "; ".join(dict.fromkeys(chosen)) or "as the script builds them"
 
 
+#: the scalars that measure time (frames/s, seconds): they differ run to run, and are not compared
+TIMING_WORDS = ("time", "speed", "fps", "rate", "duration", "elapsed")
+#: why a script's numbers under ``tdcollect run`` differ from its shipped ones, where they do (shown in the table)
+SAME_NUMBERS_WHY = {
+    "collector_set_seed": ("no †", "† `collector.set_seed()` after the Collector is built: TorchRL's first step of "
+                                   "each env keeps the observation from before the seed (a step that never "
+                                   "happened); under `tdcollect run` it is the seeded episode's own first "
+                                   "observation. Every other value of the batches is TorchRL's"),
+}
+#: the scripts that seed their collector after building it (``collector.set_seed``, see SAME_NUMBERS_WHY)
+SEEDS_ITS_COLLECTOR = ("sac", "ddpg", "crossq", "discrete_sac", "cql_online", "iql_online", "discrete_cql_online",
+                       "discrete_iql", "redq")
+
+
+def compared(scalars: dict) -> dict:
+    """The logged scalars that do not measure time (see :data:`TIMING_WORDS`)."""
+    return {name: values for name, values in scalars.items()
+            if not any(word in part for part in name.lower().split("/") for word in TIMING_WORDS)}
+
+
+def first_difference(one: dict, other: dict) -> str | None:
+    """Where two runs' compared scalars first differ (``name[index]``), None when they are the same."""
+    a, b = compared(one), compared(other)
+    for name in sorted(set(a) | set(b)):
+        values, others = a.get(name), b.get(name)
+        if values is None or others is None:
+            return f"{name} (logged by one run only)"
+        if values != others:
+            at = next((i for i, (x, y) in enumerate(zip(values, others)) if x != y), min(len(values), len(others)))
+            return f"{name}[{at}]"
+    return None
+
+
+def same_numbers(script: str, results: dict) -> str:
+    """The "same numbers as shipped" cell: whether every run under ``tdcollect run`` logged the numbers of the
+    shipped runs, when the shipped runs agree with each other (deterministic); else why not."""
+    shipped = [one for one in results.get((script, "torchrl"), []) if not one["exit"]]
+    ours = [one for one in results.get((script, "run"), []) if not one["exit"]]
+    if not shipped or not ours:
+        return "-"
+    if not compared(shipped[0]["scalars"]):
+        return "nothing logged but timings"
+    if len(shipped) > 1 and (where := first_difference(shipped[0]["scalars"], shipped[1]["scalars"])):
+        return f"shipped runs differ from each other ({where}): not deterministic"
+    differences = [where for one in ours if (where := first_difference(shipped[0]["scalars"], one["scalars"]))]
+    if not differences:
+        return f"yes ({sum(len(v) for v in compared(shipped[0]['scalars']).values())} values)"
+    why = SAME_NUMBERS_WHY["collector_set_seed"][0] if script in SEEDS_ITS_COLLECTOR else "no"
+    return f"{why} (first at {differences[0]})"
+
+
 def table(results: dict, scripts: list[str], impls: list[str]) -> list[str]:
     """The Markdown table of ``results`` (``{(script, impl): [runs]}``): per script, exit statuses, median wall
     time and collection frames/s per way, the ratios of ``run`` to ``torchrl`` (as shipped), the layout
@@ -281,6 +332,8 @@ def table(results: dict, scripts: list[str], impls: list[str]) -> list[str]:
     if {"torchrl", "run"} <= set(impls):
         head += ["wall as shipped / under run", "collection run / as shipped"]
     head += ["losses", "layout under run"]
+    if {"torchrl", "run"} <= set(impls):
+        head += ["same numbers as shipped"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for script in scripts:
         cells, medians, losses = [script], {}, []
@@ -309,8 +362,12 @@ def table(results: dict, scripts: list[str], impls: list[str]) -> list[str]:
                   f"{len(losses)}, all finite" if all(math.isfinite(v) for v in losses) else "NOT ALL FINITE")
         runs = results.get((script, "run"), [])
         cells += [finite, layout_of(runs) if runs else "-"]
+        if {"torchrl", "run"} <= set(impls):
+            cells.append(same_numbers(script, results))
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- `{script}`: {CONFIG_NOTES[script]}" for script in scripts if script in CONFIG_NOTES]
+    if any("†" in line for line in lines):
+        notes.append(f"- {SAME_NUMBERS_WHY['collector_set_seed'][1]}")
     fails = [f"- `{script}` {impl}: exit {one['exit']}: `{why_of(one)[:240]}`"
              for (script, impl), runs in results.items() for one in runs[:1] if one["exit"]]
     return lines + ([""] + notes if notes else []) + ([""] + fails if fails else [])
