@@ -230,28 +230,35 @@ def one_policy(policy, policy_factory, owner: str):
     return policy_factory()
 
 
-def calls_at_construction(policy, fake: TensorDictBase) -> bool:
-    """Whether TorchRL's ``Collector`` calls ``policy`` once when it is built, to learn what it writes: unless the
-    policy's ``spec`` (all of its entries given) names every key of its ``out_keys`` that the env's ``fake``
-    step lacks. No policy is TorchRL's ``RandomPolicy``, which has no spec: called."""
+def calls_at_construction(policy, fake: Callable[[], TensorDictBase], buffers: bool) -> bool:
+    """Whether TorchRL's ``Collector`` calls ``policy`` once when it is built, to learn what it writes. With
+    ``buffers`` (its storage preallocated from the env's ``fake()`` step), unless the policy's ``spec`` (all of its
+    entries given) names every key of its ``out_keys`` that the fake step lacks; without (envs whose entries change
+    shape), only a policy without ``out_keys``. No policy is TorchRL's ``RandomPolicy``: no spec, no out_keys."""
     if policy is None:
         return True
+    out_keys = getattr(policy, "out_keys", ())
     spec = getattr(policy, "spec", None)
-    if spec is None or any(value is None for value in spec.values(True, True)):
+    full_spec = spec is not None and all(value is not None for value in spec.values(True, True))
+    if not buffers:
+        return not out_keys
+    if not full_spec:
         return True
     spec_keys = set(spec.keys(True, True))
-    named = spec_keys if any(key not in fake.keys(True, True) for key in spec_keys) else set()
-    return any(key not in named for key in getattr(policy, "out_keys", ()))
+    fake_keys = set(fake().keys(True, True))
+    named = spec_keys if any(key not in fake_keys for key in spec_keys) else set()
+    return any(key not in named for key in out_keys)
 
 
-def draw_as_torchrl_at_construction(policy, wrapped: Callable, env, root: TensorDictBase, unbatched: bool) -> None:
+def draw_as_torchrl_at_construction(policy, wrapped: Callable, env, root: TensorDictBase, unbatched: bool,
+                                    buffers: bool) -> None:
     """The random draws TorchRL's ``Collector`` makes when it is built (:func:`calls_at_construction`: a call of
     the policy on the first reset's output, under the caller's exploration type, outside any collection), made
     here on the caller's generators: the draws that follow (the first actions, exploration noise) are TorchRL's.
     ``policy``: the caller's (None: TorchRL's ``RandomPolicy``, one draw of the action spec); ``wrapped``: what
-    this collector calls (the same draws on a TensorDict of batch ``[1]`` for an ``unbatched`` env)."""
-    fake = env.fake_tensordict()
-    if not calls_at_construction(policy, fake):
+    this collector calls (the same draws on a TensorDict of batch ``[1]`` for an ``unbatched`` env);
+    ``buffers``: the collector's storage is preallocated (see :func:`calls_at_construction`)."""
+    if not calls_at_construction(policy, env.fake_tensordict, buffers):
         return
     with torch.no_grad():
         if policy is None:

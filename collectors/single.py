@@ -120,7 +120,8 @@ class Collector(LocalCalls, CollectorBase):
             self._loop = BatchLoop(self.env, self.policy, steps, interruptor=interruptor, **loop_options(
                 reset_at_each_iter, max_frames_per_traj, exploration_type, check_actions, check_values),
                 clear_device=same_device(env_device or device, policy_device or device) is None)
-            draw_as_torchrl_at_construction(policy, self.policy, self.env, self._loop.root, wrapped)
+            draw_as_torchrl_at_construction(policy, self.policy, self.env, self._loop.root, wrapped,
+                                            buffers=not self._loop.stacked)
         except BaseException:
             self._shutdown()
             raise

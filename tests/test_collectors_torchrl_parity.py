@@ -241,8 +241,8 @@ def test_set_seed_seeds_the_env_and_leaves_the_callers_rng_as_torchrls(no_leaks)
     """TorchRL's ``Collector.set_seed`` seeds its env, not the torch RNG of the caller's process: the random
     actions of ``init_random_frames`` and a noisy policy's draws go on from the user's own ``torch.manual_seed``,
     so ours draws the same actions as TorchRL's after the same seeds (seeding the RNG with the env's seed here
-    gave other actions, and the same noise whatever seed the user picked). A gymnasium env: its reset (ours
-    starts new episodes at ``set_seed``) draws nothing from torch."""
+    gave other actions, and the same noise whatever seed the user picked). A gymnasium env: its reset draws
+    nothing from torch."""
     from torchrl.envs import GymEnv
 
     actions, states = {}, {}
@@ -257,6 +257,46 @@ def test_set_seed_seeds_the_env_and_leaves_the_callers_rng_as_torchrls(no_leaks)
     assert torch.equal(states["ours"], states["torchrl"])
     assert torch.equal(actions["ours"], actions["torchrl"])
     assert not torch.equal(actions["ours"][:10], actions["ours"][10:20])  # (random, then the noisy policy)
+
+
+def construction_policies(env) -> dict:
+    """Policies TorchRL's ``Collector`` calls when it is built (no policy; a sampling actor whose spec does not name
+    its outputs; a noise module after an actor) and does not (an actor whose spec names its output)."""
+    from tensordict.nn import NormalParamExtractor
+
+    from torchrl.modules import Actor, AdditiveGaussianModule, ProbabilisticActor, TanhNormal
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 2), NormalParamExtractor())
+    sampling = ProbabilisticActor(TensorDictModule(net, ["observation"], ["loc", "scale"]), in_keys=["loc", "scale"],
+                                  distribution_class=TanhNormal, spec=env.action_spec, return_log_prob=True)
+    actor = Actor(nn.Linear(3, 1), spec=env.action_spec_unbatched)
+    noisy = TensorDictSequential(Actor(nn.Linear(3, 1), spec=env.action_spec_unbatched),
+                                 AdditiveGaussianModule(spec=env.action_spec_unbatched))
+    return {"none": None, "sampling": sampling, "actor": actor, "noisy": noisy}
+
+
+@pytest.mark.parametrize("kind", ["none", "sampling", "actor", "noisy"])
+def test_construction_draws_from_the_callers_rng_what_torchrls_draws(kind, no_leaks):
+    """TorchRL's ``Collector`` calls the policy once when built unless its spec names its outputs (no policy: its
+    ``RandomPolicy`` draws an action; a noise module draws noise); our probe for the buffers drew from the caller's
+    RNG whatever the policy: a seeded script's first actions were other than TorchRL's. Same generator state after
+    construction, same first batch."""
+    from torchrl.envs import GymEnv
+
+    states, batches = {}, {}
+    for name, cls in (("torchrl", TorchRLCollector), ("ours", Collector)):
+        env = GymEnv("Pendulum-v1")
+        env.set_seed(5)
+        policy = construction_policies(env)[kind]
+        torch.manual_seed(1)
+        collector = cls(env, policy, frames_per_batch=8, total_frames=8)
+        states[name] = torch.get_rng_state()
+        batches[name] = next(iter(collector))
+        collector.shutdown()
+    assert torch.equal(states["ours"], states["torchrl"])
+    for key in ("observation", "action", ("next", "observation"), ("next", "reward")):
+        assert torch.equal(batches["ours"][key], batches["torchrl"][key]), key
 
 
 class NumpyDrawingEnv(gymnasium.Env):
@@ -289,3 +329,39 @@ def test_a_process_collectors_set_seed_seeds_numpy_in_its_workers_as_torchrls(no
             firsts.append(next(iter(collector))["observation"])
     assert torch.equal(firsts[0], firsts[1])
     assert not torch.equal(firsts[0][0], firsts[0][1])  # (each worker its own seed)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_collector_set_seed_goes_on_from_where_torchrls_does(workers, no_leaks):
+    """TorchRL's ``Collector.set_seed`` on a built collector seeds the envs (a ``GymEnv``'s seeding is a reset of
+    the gymnasium env) and steps on from there, its first step's ``"observation"`` still the one from before the
+    seed. Ours starts each env's seeded episode (``seed_episodes``; its next reset started the episode after it):
+    every value of the batches is TorchRL's but that first observation of each env, which is the seeded episode's
+    own (what the gymnasium env's ``reset(seed=...)`` returns for that env's seed)."""
+    from torchrl.envs import GymEnv, SerialEnv as TorchRLSerialEnv
+
+    from tdcollect.envs import ParallelEnv
+    from tdcollect.envs.engine.group import seed_chain
+
+    def make():
+        return GymEnv("Pendulum-v1")
+
+    batches = {}
+    for name, cls, env in (("torchrl", TorchRLCollector, TorchRLSerialEnv(workers, make)),
+                           ("ours", Collector, ParallelEnv(workers, make))):
+        torch.manual_seed(0)
+        collector = cls(env, None, frames_per_batch=20 * workers, total_frames=40 * workers)
+        collector.set_seed(11)
+        batches[name] = [batch.clone() for batch in collector]
+        collector.shutdown()
+    ours, theirs = batches["ours"], batches["torchrl"]
+    for key in theirs[0].keys(True, True):
+        if key[0] == "collector" or key == "observation":
+            continue
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a[key], b[key]), key
+    assert torch.equal(ours[1]["observation"], theirs[1]["observation"])
+    assert torch.equal(ours[0]["observation"][:, 1:], theirs[0]["observation"][:, 1:])
+    for i, seed in enumerate(seed_chain(11, workers)):
+        seeded, _ = make()._env.reset(seed=seed)
+        assert torch.equal(ours[0]["observation"][i, 0], torch.as_tensor(seeded, dtype=torch.float32)), i
