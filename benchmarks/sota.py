@@ -282,9 +282,10 @@ SAME_NUMBERS_WHY = {
                                    "happened); under `tdcollect run` it is the seeded episode's own first "
                                    "observation. Every other value of the batches is TorchRL's"),
 }
-#: the scripts that seed their collector after building it (``collector.set_seed``, see SAME_NUMBERS_WHY)
+#: the scripts that seed their collector after building it (``collector.set_seed``, see SAME_NUMBERS_WHY); the
+#: trainers do too (TorchRL's ``Trainer(seed=...)`` calls it; their configs set ``seed: 42``)
 SEEDS_ITS_COLLECTOR = ("sac", "ddpg", "crossq", "discrete_sac", "cql_online", "iql_online", "discrete_cql_online",
-                       "discrete_iql", "redq")
+                       "discrete_iql", "redq", *(name for name in SCRIPTS if name.endswith(OWN_LOGGER)))
 
 
 def compared(scalars: dict) -> dict:

@@ -374,11 +374,13 @@ class BatchLoop:
         self.traj_steps = torch.where(ends | over, 0, counts)
         if not over.any():
             return
-        mask = over
         for key in ("done", "truncated"):
             flags = self.storage.get(("next", key), None)
             if flags is not None:  # (envs with nested done flags only: StepCounter truncates them alike)
-                flags[:, t][mask] = True
+                flags[:, t][over] = True
+        mask = over & ~ends  # (an episode that ended at this step was reset by the env already: once, as TorchRL)
+        if not mask.any():
+            return
         reset = TensorDict({"_reset": mask.view(*self.env.batch_size, 1)}, batch_size=self.env.batch_size)
         if self.buffer_path:
             self.env.reset(reset)

@@ -365,3 +365,29 @@ def test_collector_set_seed_goes_on_from_where_torchrls_does(workers, no_leaks):
     for i, seed in enumerate(seed_chain(11, workers)):
         seeded, _ = make()._env.reset(seed=seed)
         assert torch.equal(ours[0]["observation"][i, 0], torch.as_tensor(seeded, dtype=torch.float32)), i
+
+
+@pytest.mark.parametrize("limit", [20, 7])
+def test_max_frames_per_traj_resets_as_torchrls(limit, no_leaks):
+    """``max_frames_per_traj`` at the env's own time limit (20: both end the episode at the same step) and below
+    it: TorchRL resets each ended env once. Ours reset an env that ended at the limit twice (its own end's reset,
+    then the limit's), so its next episodes started from other states than TorchRL's."""
+    from torchrl.envs import DoubleToFloat, GymEnv, SerialEnv as TorchRLSerialEnv
+
+    from tdcollect.envs import SerialEnv
+
+    def make():
+        return GymEnv("Pendulum-v1", max_episode_steps=20)
+
+    batches = {}
+    for name, cls, batched in (("torchrl", TorchRLCollector, TorchRLSerialEnv), ("ours", Collector, SerialEnv)):
+        env = TransformedEnv(batched(2, make), DoubleToFloat())
+        env.set_seed(3)
+        torch.manual_seed(0)
+        collector = cls(env, None, frames_per_batch=60, total_frames=120, max_frames_per_traj=limit)
+        batches[name] = [batch.clone() for batch in collector]
+        collector.shutdown()
+    for ours, theirs in zip(batches["ours"], batches["torchrl"]):
+        for key in theirs.keys(True, True):
+            if key[0] != "collector":
+                assert torch.equal(ours[key], theirs[key]), key
