@@ -17,6 +17,8 @@ import functools
 import importlib.abc
 import sys
 
+from .import_hooks import spec_with_wrapped_loader
+
 #: the tqdm module whose class holds ``format_dict``
 TQDM_MODULE = "tqdm.std"
 
@@ -49,15 +51,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != TQDM_MODULE:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+        return spec_with_wrapped_loader(self, name, path, target, _PatchingLoader)
 
 
 class _PatchingLoader:

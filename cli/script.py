@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 
 from . import progress, swap
+from .import_hooks import spec_with_wrapped_loader
 
 #: the variable that tells a process started under ``tdcollect run`` to replace TorchRL's classes (its value: the
 #: layout)
@@ -114,15 +115,8 @@ class _SwapOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if not _watched(name):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _CountingLoader(spec.loader, self, name)
-                return spec
-        return None
+        return spec_with_wrapped_loader(self, name, path, target,
+                                        lambda loader: _CountingLoader(loader, self, name))
 
     def run_body(self, loader, module, name: str) -> None:
         """Run ``module``'s body with its ``loader``; once the outermost watched body of this thread has run,

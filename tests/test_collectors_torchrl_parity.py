@@ -263,7 +263,6 @@ def construction_policies(env) -> dict:
     """Policies TorchRL's ``Collector`` calls when it is built (no policy; a sampling actor whose spec does not name
     its outputs; a noise module after an actor) and does not (an actor whose spec names its output)."""
     from tensordict.nn import NormalParamExtractor
-
     from torchrl.modules import Actor, AdditiveGaussianModule, ProbabilisticActor, TanhNormal
 
     torch.manual_seed(0)
@@ -338,7 +337,8 @@ def test_collector_set_seed_goes_on_from_where_torchrls_does(workers, no_leaks):
     seed. Ours starts each env's seeded episode (``seed_episodes``; its next reset started the episode after it):
     every value of the batches is TorchRL's but that first observation of each env, which is the seeded episode's
     own (what the gymnasium env's ``reset(seed=...)`` returns for that env's seed)."""
-    from torchrl.envs import GymEnv, SerialEnv as TorchRLSerialEnv
+    from torchrl.envs import GymEnv
+    from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
     from tdcollect.envs import ParallelEnv
     from tdcollect.envs.engine.group import seed_chain
@@ -372,7 +372,8 @@ def test_max_frames_per_traj_resets_as_torchrls(limit, no_leaks):
     """``max_frames_per_traj`` at the env's own time limit (20: both end the episode at the same step) and below
     it: TorchRL resets each ended env once. Ours reset an env that ended at the limit twice (its own end's reset,
     then the limit's), so its next episodes started from other states than TorchRL's."""
-    from torchrl.envs import DoubleToFloat, GymEnv, SerialEnv as TorchRLSerialEnv
+    from torchrl.envs import DoubleToFloat, GymEnv
+    from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
     from tdcollect.envs import SerialEnv
 
