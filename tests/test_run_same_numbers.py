@@ -70,11 +70,13 @@ if __name__ == "__main__":
     logger = CSVLogger("rate", log_dir=sys.argv[1])
     collector = Collector(ParallelEnv(2, make_env), None, frames_per_batch=8, total_frames=24)
     collector.set_seed(0)
-    pbar = tqdm.tqdm(total=24)
+    # (tqdm records a rate only at an update mininterval after the bar's start: with 10 s, every batch here comes
+    # sooner, as a fast first batch does within tqdm's default 0.1 s, however loaded the machine)
+    pbar = tqdm.tqdm(total=24, mininterval=10)
     for i, batch in enumerate(collector):
         pbar.update(batch.numel())
         if i == 0:
-            print("recorded a rate:", bool(pbar._ema_dt()))  # (tqdm records one 0.1 s after the bar's start)
+            print("recorded a rate:", bool(pbar._ema_dt()))
         logger.log_scalar("speed", pbar.format_dict["rate"], step=i)
     collector.shutdown()
 """
