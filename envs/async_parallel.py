@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .batched import one_thread
 from .engine.errors import ArgumentError, WorkerError, failures_of
 from .engine.protocol import RESET, STEP
 from .engine.shared import numpy_view
 from .engine.values import check_finite
 from .inputs import value_checker
 from .parallel import ParallelEnv
+from .thread_guard import one_thread
 
 
 class AsyncParallelEnv(ParallelEnv):
