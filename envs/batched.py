@@ -406,9 +406,7 @@ class BatchedEnv(Forwarding, EnvBase):
         seed its predecessor returned (``seed_generator(seed)``, or the same seed with ``static_seed``). A TorchRL
         env is seeded at once through its own ``set_seed``; any other env at its next reset. Returns
         the seed for an env created after these (as ``EnvBase.set_seed``)."""
-        self._ensure_open()
-        self._touched_since_start = True
-        return self._run_set_seed(None if seed is None else int(seed), static_seed)
+        return self._seed(seed, static_seed, episodes=False)
 
     @one_thread
     def seed_episodes(self, seed: int | None, static_seed: bool = False) -> int | None:
@@ -417,9 +415,12 @@ class BatchedEnv(Forwarding, EnvBase):
         seed): its next reset would start the episode after the seeded one; here it starts the seeded one again.
         That is the state TorchRL's ``Collector.set_seed`` leaves its envs in (it steps on from it, with the
         observation it held from before the seed): the collectors seed so, then reset. Returns the next seed."""
+        return self._seed(seed, static_seed, episodes=True)
+
+    def _seed(self, seed: int | None, static_seed: bool, episodes: bool) -> int | None:
         self._ensure_open()
         self._touched_since_start = True
-        return self._run_set_seed(None if seed is None else int(seed), static_seed, episodes=True)
+        return self._run_set_seed(None if seed is None else int(seed), static_seed, episodes)
 
     def _set_seed(self, seed: int | None) -> None:
         self.set_seed(seed)

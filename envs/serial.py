@@ -108,9 +108,7 @@ class SerialEnv(BatchedEnv):
         return self._group.reset(None if mask is None else mask.reshape(self.num_envs, -1))
 
     def _run_set_seed(self, seed: int | None, static_seed: bool, episodes: bool = False) -> int | None:
-        if episodes:
-            return self._group.set_seed(seed, static_seed, episodes)
-        return self._group.set_seed(seed, static_seed)
+        return self._group.set_seed(seed, static_seed, episodes)
 
     def _run_env_attribute(self, path: tuple[str, ...], op: str, args: tuple, kwargs: dict | None) -> list:
         return self._group.env_attribute(path, op, args, kwargs)

@@ -106,9 +106,7 @@ def seed_worker(group, seed: int | None, static_seed: bool = False, episodes: bo
     are seeded in order (``EnvGroup.set_seed``, ``episodes`` too). Returns the seed for an env after these."""
     if seed is not None:
         torch.manual_seed(seed)
-    if episodes:
-        return group.set_seed(seed, static_seed, episodes)
-    return group.set_seed(seed, static_seed)
+    return group.set_seed(seed, static_seed, episodes)
 
 
 def run_env_worker(channel: WorkerChannel, factory, envs_per_worker: int, first_env: int, families: tuple,

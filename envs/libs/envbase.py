@@ -84,19 +84,18 @@ class TorchRLStepper:
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.env.set_seed(seed)
-        self._state = self.env.reset()
-        self._check(self._state, self._root_shapes, "reset()")
-        _write(self._root, self._state.select(*self._root_keys))
-        self._keep_objects(None)
+        self._take_reset(self.env.reset())
 
     def reset_into_seed(self, seed: int) -> None:
         """Reset into the episode ``seed`` starts, the env just seeded with it: where its seeding is itself a reset
         (:func:`seeding_resets`), that reset again (``reset(seed=seed)``, which TorchRL hands to the gymnasium env),
         else a plain reset (the next one after a seed starts the seeded episode)."""
-        if not seeding_resets(self.env):
-            self.reset()
-            return
-        self._state = self.env.reset(seed=seed)
+        self._take_reset(self.env.reset(seed=seed) if seeding_resets(self.env) else self.env.reset())
+
+    def _take_reset(self, state: TensorDictBase) -> None:
+        """A reset's output (all elements, or some with the others as they were): checked, written into the root
+        row, its non-tensor entries kept."""
+        self._state = state
         self._check(self._state, self._root_shapes, "reset()")
         _write(self._root, self._state.select(*self._root_keys))
         self._keep_objects(None)
@@ -112,10 +111,7 @@ class TorchRLStepper:
                          if key_tuple(done)[:-1] == group)
             view = flags.reshape(*flags.shape, *([1] * (len(shape) - flags.dim())))
             state.set(key, view.expand(shape).clone())
-        self._state = self.env.reset(state)
-        self._check(self._state, self._root_shapes, "reset()")
-        _write(self._root, self._state.select(*self._root_keys))
-        self._keep_objects(None)
+        self._take_reset(self.env.reset(state))
 
     def step(self) -> None:
         if self._state is None:  # stepped before any reset: the env starts from what the root buffer holds

@@ -29,6 +29,7 @@ of an env's values, its block stepper) and the TorchRL family (``envbase.py``: t
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import gymnasium as gym
@@ -164,8 +165,7 @@ class GymEnvStepper(GymRow):
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.env.set_seed(seed)
-        obs, _ = self.gym_env.reset()
-        self._write_observation(obs, self._root, "reset()")
+        self._reset_env(self.gym_env.reset, "reset()")
 
     def reset_into_seed(self, seed: int) -> None:
         """Reset into the episode ``seed`` starts, the env just seeded with it (TorchRL's ``set_seed`` was the
@@ -173,8 +173,13 @@ class GymEnvStepper(GymRow):
         if not seeding_resets(self.env):
             self.reset()
             return
-        obs, _ = self.gym_env.reset(seed=seed)
-        self._write_observation(obs, self._root, "reset()")
+        self._reset_env(functools.partial(self.gym_env.reset, seed=seed), "reset()")
+
+    def _reset_env(self, reset, call: str) -> None:
+        """Reset the env with ``reset`` (no arguments, ``-> (observation, info)``) and write the root (a subclass
+        adds what its transforms do after a reset)."""
+        obs, _ = reset()
+        self._write_observation(obs, self._root, call)
 
     def step(self) -> None:
         obs, reward, terminated, truncated = self._advance(self._read_action(self._action, self._i))

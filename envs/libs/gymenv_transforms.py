@@ -21,15 +21,13 @@ ones this env's last root held here (a caller's edit of the root's ``"lives"`` i
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 from torchrl.envs import TransformedEnv
 from torchrl.envs.libs.gym import GymWrapper
 from torchrl.envs.transforms import EndOfLifeTransform, NoopResetEnv
 
 from ..engine.stepper import Family
-from .envbase import seeding_resets, specs_of, transform_parts
+from .envbase import specs_of, transform_parts
 from .gymenv import GymEnvStepper, marked_stepper
 from .gymenv import why_not_native as why_not_native_gymenv
 
@@ -97,18 +95,6 @@ class TransformedGymEnvStepper(GymEnvStepper):
         self._lives_owner = None if self.lives_path is None else _lives_owner(self.base, self.lives_path)
         self._root_lives = 0  # the lives in this env's root: a step that has fewer lost one
 
-    def reset(self, seed: int | None = None) -> None:
-        if seed is not None:
-            self.env.set_seed(seed)
-        self._reset_env(self.gym_env.reset, "reset()")
-
-    def reset_into_seed(self, seed: int) -> None:
-        """The seeded episode again (see ``gymenv.py``), with the transforms' reset (no-ops, lives) on it."""
-        if not seeding_resets(self.env):
-            self.reset()
-            return
-        self._reset_env(functools.partial(self.gym_env.reset, seed=seed), "reset()")
-
     def step(self) -> None:
         i = self._i
         obs, reward, terminated, truncated = self._advance(self._read_action(self._action, i))
@@ -128,7 +114,8 @@ class TransformedGymEnvStepper(GymEnvStepper):
             self._root_lives = lives
 
     def _reset_env(self, reset, call: str) -> None:
-        """Reset the env with ``reset`` (no arguments, ``-> (observation, info)``), take the noops, write the root."""
+        """Reset the env with ``reset`` (no arguments, ``-> (observation, info)``), take the noops, write the root
+        and the lives (``reset`` and ``reset_into_seed`` are the native stepper's, through this)."""
         obs, _ = reset()
         if self.noops is not None:
             obs = self._take_noops(obs)
