@@ -1,5 +1,6 @@
 """The EnvBase behaviour shared by SerialEnv and ParallelEnv."""
 import functools
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -194,6 +195,7 @@ def test_the_wait_changes_on_a_running_env(no_leaks):
     """``env.spin_s = x`` reaches the running workers (it is written into the shared-memory value each worker reads
     before every wait: ``protocol.WorkerChannel.serve``), is kept across a restart, and a bad value is refused and
     changes nothing. (What the value does to a wait: the ``Wait`` tests below, with a recording semaphore.)"""
+    from tdcollect.envs.engine.protocol import REPLACING_COMMANDS
 
     def what_the_workers_read(env) -> float:
         spin = env._pool._spin_tensor
@@ -211,8 +213,40 @@ def test_the_wait_changes_on_a_running_env(no_leaks):
         assert env.spin_s == 0.0 and what_the_workers_read(env) == 0.0
         env.spin_s = 0.002
         env.close()
-        env.reset()
+        td = env.reset()
+        for _ in range(REPLACING_COMMANDS):  # (fresh workers blocked for their first command: they are re-placed)
+            td = env.rand_step(td)
         assert env.spin_s == 0.002 and what_the_workers_read(env) == pytest.approx(0.002)
+
+
+def test_after_a_pause_the_workers_are_re_placed_by_blocking_hand_offs(no_leaks):
+    """Workers that waited long enough to block for their next command say so (``blocked[1 + w]`` in shared memory);
+    the next ``REPLACING_COMMANDS`` synchronous commands are then handed off by blocking on both sides (the wait the
+    workers read is 0, so that the scheduler places each wake-up afresh), and the last of them turns polling back on.
+    Without a pause, nothing changes; ``env.spin_s`` reports the chosen wait throughout."""
+    from tdcollect.envs.engine.protocol import REPLACING_COMMANDS
+
+    spin_s = 0.2  # (long: the steps of this test never pause that long, however loaded the machine)
+
+    def steps(env, td, n) -> tuple[list, object]:
+        read = []
+        for _ in range(n):
+            _, td = env.step_and_maybe_reset(env.rand_action(td))
+            read.append(float(env._pool._spin[0]))
+            assert env.spin_s == spin_s
+        return read, td
+
+    with ParallelEnv(2, cartpole, spin_s=spin_s) as env:
+        blocked = env._pool._blocked
+        read, td = steps(env, env.reset(), 5)
+        assert read == [spin_s] * 5, "no pause: both sides poll"
+        deadline = time.monotonic() + 30
+        while not blocked[1:].all() and time.monotonic() < deadline:
+            time.sleep(0.05)  # (a pause: each worker polls spin_s for its command, then blocks and says so)
+        assert blocked[1:].tolist() == [1, 1]
+        read, td = steps(env, td, REPLACING_COMMANDS + 3)
+        assert read == [0.0] * (REPLACING_COMMANDS - 1) + [spin_s] * 4
+        assert not blocked[1:].any(), "polling again once re-placed"
 
 
 class RecordingSemaphore:

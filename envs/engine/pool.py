@@ -45,6 +45,7 @@ from .protocol import (
     MISSING_GUARD_EXIT,
     NOTIFY,
     OK,
+    REPLACING_COMMANDS,
     Handshake,
     Wait,
     WorkerChannel,
@@ -132,9 +133,12 @@ class WorkerPool:
         self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
         self._command = self._command_tensor.numpy()
         self._status = self._status_tensor.numpy()
-        # the wait, read by the workers after every command: ``spin_s`` may change while they run
+        # the wait, read by the workers after every command: ``spin_s`` may change while they run, and is 0 while
+        # the workers are re-placed after a pause (see "Re-placing after a pause" in protocol.py)
+        self._spin_s = spin_s
         self._spin_tensor = in_shared_memory(torch.full((1,), spin_s, dtype=torch.float64), "the wait")
         self._spin = self._spin_tensor.numpy()
+        self._replacing = 0  # commands left to hand off by blocking
         self._context = context
         self._target = target
         self._args = args
@@ -144,7 +148,8 @@ class WorkerPool:
         self._any_done = semaphore(context)
         # the doorbell the workers ring while this process blocks (see "Waiting" in protocol.py)
         self._doorbell, self._doorbell_writer = context.Pipe(duplex=False)
-        self._blocked_tensor = in_shared_memory(torch.zeros(1, dtype=torch.int32), "the doorbell's flag")
+        # [0]: this process blocks on the doorbell; [1 + w]: worker w blocks for its next command
+        self._blocked_tensor = in_shared_memory(torch.zeros(1 + num_workers, dtype=torch.int32), "who blocks")
         self._blocked = self._blocked_tensor.numpy()
         self._last_liveness_check = 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
@@ -264,11 +269,13 @@ class WorkerPool:
     @property
     def spin_s(self) -> float:
         """Seconds both sides poll before they block (see the module docstring); settable at any time."""
-        return float(self._spin[0])
+        return self._spin_s
 
     @spin_s.setter
     def spin_s(self, seconds: float) -> None:
-        self._spin[0] = resolve_spin_s(seconds, self.num_workers)
+        self._spin_s = resolve_spin_s(seconds, self.num_workers)
+        if not self._replacing:
+            self._spin[0] = self._spin_s
 
     @property
     def num_workers(self) -> int:
@@ -322,9 +329,28 @@ class WorkerPool:
         if wait is None:  # (not setdefault: that would build a Wait on every send)
             wait = self._waits[waits] = Wait()
         wait.start()
+        if not code & NOTIFY:
+            self._replace_after_pause(workers)
         for w in workers:
             self._command[w] = code
             self._wake[w].release()
+
+    def _replace_after_pause(self, workers) -> None:
+        """Called for every synchronous command before it is sent: when one of ``workers`` blocks for it, this and the
+        next ``REPLACING_COMMANDS - 1`` commands are handed off by blocking on both sides (the shared wait is 0 for
+        them), so that the scheduler places the processes afresh; the last of them turns polling back on (the
+        workers read the wait after each command). See "Re-placing after a pause" in ``protocol.py``."""
+        if self._replacing:
+            self._replacing -= 1
+            if not self._replacing:
+                self._spin[0] = self._spin_s
+            return
+        if self._spin_s <= 0:
+            return
+        blocked = self._blocked
+        if any(blocked[1 + w] for w in workers):
+            self._replacing = REPLACING_COMMANDS - 1
+            self._spin[0] = 0.0
 
     def start(self, code: int, workers) -> None:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
@@ -351,13 +377,13 @@ class WorkerPool:
         poll ``spin_s``, block) for the first worker found done; the others are polled for ``spin_s`` more in all,
         then blocked for."""
         deadline = time.monotonic() + self.timeout
-        spin_until = time.perf_counter() + self.spin_s
+        spin_until = time.perf_counter() + self._spin[0]
         any_done = self._any_done  # kept: stop() from another thread replaces them
         dones = self._done
         while len(finished) < n:
             if first is not None:
                 acquired, first = self._settle_or_block(first, any_done, pending), None
-                spin_until = time.perf_counter() + self.spin_s  # one more poll budget for the others
+                spin_until = time.perf_counter() + self._spin[0]  # one more poll budget for the others
             else:
                 acquired = poll(any_done, spin_until) or self._block(any_done, pending, self._poll_s)
             # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
@@ -418,12 +444,12 @@ class WorkerPool:
         dones = self._done  # stop() from another thread replaces the list; the liveness check then raises
         # started by send(): sleeps through the sure part of the first worker's wait
         first = self._waits.get(code if waits is None else waits)
-        spin_until = time.perf_counter() + self.spin_s
+        spin_until = time.perf_counter() + self._spin[0]
         for w in workers:
             done = dones[w]
             if first is not None:
                 acquired, first = self._settle_or_block(first, done, (w,)), None
-                spin_until = time.perf_counter() + self.spin_s
+                spin_until = time.perf_counter() + self._spin[0]
                 if acquired:
                     continue
             elif poll(done, spin_until):
@@ -480,7 +506,7 @@ class WorkerPool:
         """The first wait of a command (see ``protocol.Wait``): sleep through its sure part and poll, then block for
         up to ``poll_s``; True once ``semaphore`` is acquired, the wait remembered either way (one longer than the
         poll too: the next one sleeps through most of it); False: the caller goes on blocking, with its checks."""
-        if wait.settle(semaphore, self.spin_s):
+        if wait.settle(semaphore, self._spin[0]):
             return True
         if self._block(semaphore, workers, self._poll_s):
             wait.record()
