@@ -198,7 +198,7 @@ def test_the_wait_changes_on_a_running_env(no_leaks):
     from tdcollect.envs.engine.protocol import REPLACING_COMMANDS
 
     def what_the_workers_read(env) -> float:
-        spin = env._pool._spin_tensor
+        spin = env._pool._handoff.spin_tensor
         assert spin.is_shared(), "the workers read the value from shared memory"
         return float(spin[0])
 
@@ -232,12 +232,12 @@ def test_after_a_pause_the_workers_are_re_placed_by_blocking_hand_offs(no_leaks)
         read = []
         for _ in range(n):
             _, td = env.step_and_maybe_reset(env.rand_action(td))
-            read.append(float(env._pool._spin[0]))
+            read.append(float(env._pool._handoff.spin[0]))
             assert env.spin_s == spin_s
         return read, td
 
     with ParallelEnv(2, cartpole, spin_s=spin_s) as env:
-        blocked = env._pool._blocked
+        blocked = env._pool._handoff.blocked
         read, td = steps(env, env.reset(), 5)
         assert read == [spin_s] * 5, "no pause: both sides poll"
         deadline = time.monotonic() + 30

@@ -35,6 +35,7 @@ from .errors import (
     open_files_error,
     worker_error,
 )
+from .handoff import HandOff
 from .platform_policy import GUARD_MESSAGE, resolve_spin_s
 from .portability import is_out_of_files, open_files_limit
 from .preload import import_now, tensordict_first_use
@@ -45,7 +46,6 @@ from .protocol import (
     MISSING_GUARD_EXIT,
     NOTIFY,
     OK,
-    REPLACING_COMMANDS,
     Handshake,
     Wait,
     WorkerChannel,
@@ -133,12 +133,6 @@ class WorkerPool:
         self._status_tensor = in_shared_memory(torch.zeros(num_workers, dtype=torch.int32), "the statuses")
         self._command = self._command_tensor.numpy()
         self._status = self._status_tensor.numpy()
-        # the wait, read by the workers after every command: ``spin_s`` may change while they run, and is 0 while
-        # the workers are re-placed after a pause (see "Re-placing after a pause" in protocol.py)
-        self._spin_s = spin_s
-        self._spin_tensor = in_shared_memory(torch.full((1,), spin_s, dtype=torch.float64), "the wait")
-        self._spin = self._spin_tensor.numpy()
-        self._replacing = 0  # commands left to hand off by blocking
         self._context = context
         self._target = target
         self._args = args
@@ -146,11 +140,8 @@ class WorkerPool:
         self._wake = [None] * num_workers
         self._done = [None] * num_workers
         self._any_done = semaphore(context)
-        # the doorbell the workers ring while this process blocks (see "Waiting" in protocol.py)
-        self._doorbell, self._doorbell_writer = context.Pipe(duplex=False)
-        # [0]: this process blocks on the doorbell; [1 + w]: worker w blocks for its next command
-        self._blocked_tensor = in_shared_memory(torch.zeros(1 + num_workers, dtype=torch.int32), "who blocks")
-        self._blocked = self._blocked_tensor.numpy()
+        # the wait both sides read, who blocks, and the doorbell the workers ring while this process blocks
+        self._handoff = HandOff(context, num_workers, spin_s)
         self._last_liveness_check = 0.0
         self._waits: dict = {}  # command code (or the caller's key) -> its wait (see protocol.Wait)
         self._found_done: set[int] = set()  # see wait_for
@@ -176,9 +167,10 @@ class WorkerPool:
         # PR_SET_PDEATHSIG fires when the creating *thread* exits: only ask for it from the main thread (or
         # through the forkserver, the workers' single-threaded parent); otherwise the worker's parent watch notices
         die_with_parent = self.start_method == "forkserver" or threading.current_thread() is threading.main_thread()
+        handoff = self._handoff
         channel = WorkerChannel(w, child_conn, self._wake[w], self._done[w], self._command_tensor,
-                                self._status_tensor, self._spin_tensor, self._any_done, die_with_parent,
-                                self._doorbell_writer, self._blocked_tensor)
+                                self._status_tensor, handoff.spin_tensor, self._any_done, die_with_parent,
+                                handoff.doorbell_writer, handoff.blocked_tensor)
         proc = context.Process(target=self._target, args=(channel, *self._args[w]),
                                name=f"{self.owner}-worker-{w}", daemon=self.daemon)
         try:
@@ -269,13 +261,11 @@ class WorkerPool:
     @property
     def spin_s(self) -> float:
         """Seconds both sides poll before they block (see the module docstring); settable at any time."""
-        return self._spin_s
+        return self._handoff.chosen_spin_s
 
     @spin_s.setter
     def spin_s(self, seconds: float) -> None:
-        self._spin_s = resolve_spin_s(seconds, self.num_workers)
-        if not self._replacing:
-            self._spin[0] = self._spin_s
+        self._handoff.choose_spin(resolve_spin_s(seconds, self.num_workers))
 
     @property
     def num_workers(self) -> int:
@@ -330,27 +320,10 @@ class WorkerPool:
             wait = self._waits[waits] = Wait()
         wait.start()
         if not code & NOTIFY:
-            self._replace_after_pause(workers)
+            self._handoff.before_command(workers)
         for w in workers:
             self._command[w] = code
             self._wake[w].release()
-
-    def _replace_after_pause(self, workers) -> None:
-        """Called for every synchronous command before it is sent: when one of ``workers`` blocks for it, this and the
-        next ``REPLACING_COMMANDS - 1`` commands are handed off by blocking on both sides (the shared wait is 0 for
-        them), so that the scheduler places the processes afresh; the last of them turns polling back on (the
-        workers read the wait after each command). See "Re-placing after a pause" in ``protocol.py``."""
-        if self._replacing:
-            self._replacing -= 1
-            if not self._replacing:
-                self._spin[0] = self._spin_s
-            return
-        if self._spin_s <= 0:
-            return
-        blocked = self._blocked
-        if any(blocked[1 + w] for w in workers):
-            self._replacing = REPLACING_COMMANDS - 1
-            self._spin[0] = 0.0
 
     def start(self, code: int, workers) -> None:
         """Send ``code | NOTIFY`` to ``workers`` without waiting (see :meth:`wait_any`)."""
@@ -377,13 +350,13 @@ class WorkerPool:
         poll ``spin_s``, block) for the first worker found done; the others are polled for ``spin_s`` more in all,
         then blocked for."""
         deadline = time.monotonic() + self.timeout
-        spin_until = time.perf_counter() + self._spin[0]
+        spin_until = time.perf_counter() + self._handoff.spin[0]
         any_done = self._any_done  # kept: stop() from another thread replaces them
         dones = self._done
         while len(finished) < n:
             if first is not None:
                 acquired, first = self._settle_or_block(first, any_done, pending), None
-                spin_until = time.perf_counter() + self._spin[0]  # one more poll budget for the others
+                spin_until = time.perf_counter() + self._handoff.spin[0]  # one more poll budget for the others
             else:
                 acquired = poll(any_done, spin_until) or self._block(any_done, pending, self._poll_s)
             # every poll_s, even while other workers keep answering: a dead one must not go unnoticed
@@ -444,12 +417,12 @@ class WorkerPool:
         dones = self._done  # stop() from another thread replaces the list; the liveness check then raises
         # started by send(): sleeps through the sure part of the first worker's wait
         first = self._waits.get(code if waits is None else waits)
-        spin_until = time.perf_counter() + self._spin[0]
+        spin_until = time.perf_counter() + self._handoff.spin[0]
         for w in workers:
             done = dones[w]
             if first is not None:
                 acquired, first = self._settle_or_block(first, done, (w,)), None
-                spin_until = time.perf_counter() + self._spin[0]
+                spin_until = time.perf_counter() + self._handoff.spin[0]
                 if acquired:
                     continue
             elif poll(done, spin_until):
@@ -506,7 +479,7 @@ class WorkerPool:
         """The first wait of a command (see ``protocol.Wait``): sleep through its sure part and poll, then block for
         up to ``poll_s``; True once ``semaphore`` is acquired, the wait remembered either way (one longer than the
         poll too: the next one sleeps through most of it); False: the caller goes on blocking, with its checks."""
-        if wait.settle(semaphore, self._spin[0]):
+        if wait.settle(semaphore, self._handoff.spin[0]):
             return True
         if self._block(semaphore, workers, self._poll_s):
             wait.record()
@@ -518,24 +491,7 @@ class WorkerPool:
         (False: the caller checks them), on the doorbell and the workers' sentinels (see "Waiting" in
         ``protocol.py``): never a timed semaphore wait."""
         procs = self.procs
-        sentinels = [procs[w].sentinel for w in workers if procs[w] is not None]
-        doorbell = self._doorbell
-        blocked = self._blocked
-        until = time.monotonic() + timeout
-        blocked[0] = 1
-        try:
-            while not semaphore.acquire(False):  # (after the flag: a worker done since then rings)
-                left = until - time.monotonic()
-                if left <= 0:
-                    return False
-                ready = multiprocessing.connection.wait([doorbell, *sentinels], left)
-                if doorbell not in ready:  # a worker died, or the time is up
-                    return semaphore.acquire(False)
-                while doorbell.poll():
-                    doorbell.recv_bytes()
-            return True
-        finally:
-            blocked[0] = 0
+        return self._handoff.block(semaphore, [procs[w].sentinel for w in workers if procs[w] is not None], timeout)
 
     def _liveness_failure(self, w: int, during: str, deadline: float):
         """The exception describing why worker ``w`` cannot answer (dead, or past ``deadline`` and then
@@ -599,10 +555,8 @@ class WorkerPool:
         self._wake = [None] * len(self._wake)
         self._done = [None] * len(self._done)
         self._any_done = None
-        self._doorbell_writer.close()  # (a block racing this one from another thread ends: the closed error)
-        self._doorbell.close()
+        self._handoff.close()  # (a block racing this one from another thread ends: the closed error)
         # private copies: the shared segments are freed now, and a call racing this one still finds arrays
-        self._command, self._status, self._spin = self._command.copy(), self._status.copy(), self._spin.copy()
+        self._command, self._status = self._command.copy(), self._status.copy()
         # the workers' arguments hold segments too
-        self._blocked = self._blocked.copy()
-        self._command_tensor = self._status_tensor = self._spin_tensor = self._blocked_tensor = self._args = None
+        self._command_tensor = self._status_tensor = self._args = None
