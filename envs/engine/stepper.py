@@ -102,6 +102,8 @@ class Family:
             it); None when the family has none for it.
         costly_imports: ``{module prefix a constructor may refer to: module worth importing once before workers
             start}`` (see ``preload.py``).
+        native_env: ``env -> object`` with the env's ``step`` and ``reset``, giving what the env's own give, faster
+            (for the faces that call an env's own ``step``: the vector faces' worker side); None when it has none.
     """
 
     name: str
@@ -113,6 +115,7 @@ class Family:
     is_instance: Callable[[Any], bool] = _not_mine
     remake: Callable[[Any], str | None] = _never
     costly_imports: dict[str, str] = field(default_factory=dict)
+    native_env: Callable[[Any], Any] = _never
 
 
 def of_package(obj: Any, package: str) -> bool:

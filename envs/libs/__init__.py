@@ -69,6 +69,12 @@ def is_env_instance(obj) -> bool:
     return any(family.is_instance(obj) for family in _REGISTERED)
 
 
+def native_env(env):
+    """The first family's stand-in for ``env``'s own ``step`` and ``reset`` (see ``Family.native_env``), else
+    ``env`` itself."""
+    return next((made for family in _REGISTERED if (made := family.native_env(env)) is not None), env)
+
+
 def remake_expression(env) -> str | None:
     """An expression that builds an env like ``env``, from the first family that knows one; None otherwise."""
     return next((made for family in _REGISTERED if (made := family.remake(env)) is not None), None)

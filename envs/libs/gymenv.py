@@ -43,6 +43,7 @@ from ..engine.shared import BufferViews
 from ..engine.specs import DONE_KEYS
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue
+from . import native_env
 from .envbase import TORCHRL_STEP, seeding_resets, specs_of
 from .gym import (
     GymBlockStepper,
@@ -135,13 +136,14 @@ class GymEnvStepper(GymRow):
     """A TorchRL ``GymEnv`` / ``GymWrapper`` on the native road (see the module docstring): its gymnasium env is
     stepped here and TorchRL's data written into the env's rows of the buffers, checked as the gymnasium family
     checks every value. ``env`` is the TorchRL env (forwarded attributes reach it); ``gym_env`` the gymnasium env
-    it wraps."""
+    it wraps, or a family's native stand-in for it (``Family.native_env``: e.g. gymnasium's Atari preprocessing
+    stepped natively, ``atari.py``)."""
 
     road = NATIVE
 
     def __init__(self, env):
         self.env = env
-        self.gym_env = env._env
+        self.gym_env = native_env(env._env)
         self.specs = specs_of(env)
         self.frame_skip = env.wrapper_frame_skip
         self.action_kind = _action_kind(self.gym_env.action_space, env.full_action_spec["action"])
@@ -262,7 +264,11 @@ def _stepper(env) -> GymEnvStepper | None:
     other env (a ``GymEnv`` that cannot is marked with the reason, and stepped by the TorchRL family)."""
     if not isinstance(env, GymWrapper):
         return None
-    return marked_stepper(env, why_not_native(env), NATIVE, GymEnvStepper)
+    stepper = marked_stepper(env, why_not_native(env), NATIVE, GymEnvStepper)
+    inner_road = getattr(env._env, ROAD_ATTRIBUTE, None)
+    if stepper is not None and stepper.gym_env is not env._env and inner_road is not None:
+        object.__setattr__(env, ROAD_ATTRIBUTE, f"{NATIVE}; the gymnasium env inside: {inner_road}")
+    return stepper
 
 
 FAMILY = Family(name="TorchRL GymEnv", priority=15, stepper=_stepper, block=block_stepper)

@@ -40,6 +40,7 @@ from gymnasium import spaces
 
 from ..engine.errors import pickled_exception
 from ..engine.group import env_index
+from ..libs import native_env
 
 SAME_STEP = "same-step"
 NEXT_STEP = "next-step"
@@ -162,6 +163,7 @@ class EngineEnv(gym.Env):
 
     def __init__(self, env: gym.Env, index: int, mode: str, post_final_observation: bool, pickled: str | None = None):
         self.env = env
+        self._stepped = native_env(env)  # what steps and resets it: env, or a family's native stand-in for it
         self.index = index
         self.mode = mode
         # a Box observation is read back from the buffers exactly; any other is posted as the env returned it
@@ -207,7 +209,7 @@ class EngineEnv(gym.Env):
     def step(self, action):
         if self._reset_on_step:
             self._reset_on_step = False
-            obs, info = self.env.reset()
+            obs, info = self._stepped.reset()
             if info:
                 self._post(STEP, info)
             return self._out(obs, NEXT_OBS), 0.0, False, False, _NO_INFO
@@ -215,7 +217,7 @@ class EngineEnv(gym.Env):
             action, self._sent_action = self._sent_action, None
         elif self._cast_action is not None:
             action = self._cast_action(action)
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, reward, terminated, truncated, info = self._stepped.step(action)
         if info:
             self._post(STEP, info)
         if terminated or truncated:
@@ -232,7 +234,7 @@ class EngineEnv(gym.Env):
         if self._pending is not None:
             seed, options = self._pending
             self._pending = None
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = self._stepped.reset(seed=seed, options=options)
         if info:
             self._post(RESET, info)
         return self._out(obs, ROOT_OBS), _NO_INFO
@@ -240,7 +242,7 @@ class EngineEnv(gym.Env):
     def engine_autoreset(self):
         """The engine's reset right after the step that ended an episode, as ``mode`` says."""
         if self.mode == SAME_STEP:
-            obs, info = self.env.reset()
+            obs, info = self._stepped.reset()
             if info:
                 self._post(RESET, info)
             return self._out(obs, ROOT_OBS), _NO_INFO
