@@ -3,6 +3,8 @@
 ::
 
     gym.py          gymnasium.Env: spaces -> specs, value checks and writers, GymStepper / GymBlockStepper
+    atari.py        gymnasium's Atari preprocessing (AtariPreprocessing, FrameStackObservation over the ALE)
+                    stepped natively with the ALE: AtariFrames (also each face's env.step), AtariStepper
     gymenv.py       TorchRL GymEnv / GymWrapper: the gymnasium env inside stepped natively, TorchRL's data
     gymenv_transforms.py  the same under TorchRL's per-env Atari transforms (NoopResetEnv, EndOfLifeTransform)
     envbase.py      TorchRL EnvBase (unbatched or batched): TorchRLStepper, or the env's own native_stepper()
@@ -15,7 +17,9 @@ Each module defines ``FAMILY``, a :class:`~tdcollect.envs.engine.stepper.Family`
 envs, their stepper, their costly imports); it imports its family's own package only when one of its envs is met,
 so every module here imports without it. A module imports the engine, never another family's module, except those
 that build on another family's road: ``dmlab2d.py`` on dm_env's conversions and stepper, ``gymenv.py`` on the
-gymnasium and TorchRL families, ``gymenv_transforms.py`` on ``gymenv.py``.
+gymnasium and TorchRL families, ``gymenv_transforms.py`` on ``gymenv.py``, ``atari.py`` on the gymnasium family's
+stepper. A family's stand-in for an env's own ``step`` (``Family.native_env``, e.g. ``atari.py``'s) reaches the
+others through :func:`native_env`.
 
 **Adding a family** is adding one module here with a ``FAMILY`` (found at import), or, for a family that lives in
 your own code, :func:`register` with your ``Family``.

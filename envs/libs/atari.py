@@ -26,6 +26,13 @@ wrappers' own ``step``), with the reason in ``env.roads()``: another wrapper any
 these classes, continuous actions, a stochastic ``frameskip`` of the ALE env, an observation type other than
 ``"rgb"`` / ``"grayscale"``.
 
+**Where it runs**: :class:`AtariStepper` writes each step into the env's rows of the engine's buffers (and, as
+:class:`AtariBlockStepper`, straight into a worker-recorded rollout's columns); :class:`AtariFrames` is the road
+itself, whose ``step`` / ``reset`` give what the env's own give (the info dict too) for the faces that call an env's
+``step`` (``Family.native_env``: the gymnasium and SB3 faces' worker side, TorchRL's ``GymWrapper`` road). A step
+taken by calling the wrappers' own ``step`` from outside (``env_method("step", ...)``) is not seen by the road's
+stack: the stack's state follows the road's steps and every reset.
+
 Nothing of it is compiled here: the emulator is ale-py's, the resize OpenCV's (both already needed by gymnasium's
 Atari envs); this module only calls them in the order the wrappers do.
 """
