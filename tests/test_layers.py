@@ -26,9 +26,12 @@ MAX_CHAIN_INSIDE = 5
 #: the one package ``__init__`` that modules import: the registry of env families
 REGISTRY = "envs.libs"
 #: family module -> the family modules it builds on: DMLab2D on the dm_env family's conversions and stepper;
-#: TorchRL's GymEnv road on the gymnasium family's checks and block stepper and the TorchRL family's specs
-BUILT_ON = {"envs.libs.dmlab2d": {"envs.libs.dm_env"}, "envs.libs.gymenv": {"envs.libs.gym", "envs.libs.envbase"},
-            "envs.libs.gymenv_transforms": {"envs.libs.gymenv", "envs.libs.envbase"}}
+#: TorchRL's GymEnv road on the gymnasium family's checks and block stepper, the TorchRL family's specs and the Atari
+#: road (a GymWrapper around gymnasium's Atari preprocessing); the Atari road on the gymnasium family's stepper
+BUILT_ON = {"envs.libs.dmlab2d": {"envs.libs.dm_env"},
+            "envs.libs.gymenv": {"envs.libs.gym", "envs.libs.envbase", "envs.libs.atari"},
+            "envs.libs.gymenv_transforms": {"envs.libs.gymenv", "envs.libs.envbase"},
+            "envs.libs.atari": {"envs.libs.gym"}}
 #: a family's names (lower case) -> the modules allowed to say them besides tests, docs and tutorials
 FAMILY_NAMES = {
     ("meltingpot",): {"envs.libs.meltingpot", "envs.meltingpot_install", "command"},

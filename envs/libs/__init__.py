@@ -17,9 +17,9 @@ Each module defines ``FAMILY``, a :class:`~tdcollect.envs.engine.stepper.Family`
 envs, their stepper, their costly imports); it imports its family's own package only when one of its envs is met,
 so every module here imports without it. A module imports the engine, never another family's module, except those
 that build on another family's road: ``dmlab2d.py`` on dm_env's conversions and stepper, ``gymenv.py`` on the
-gymnasium and TorchRL families, ``gymenv_transforms.py`` on ``gymenv.py``, ``atari.py`` on the gymnasium family's
-stepper. A family's stand-in for an env's own ``step`` (``Family.native_env``, e.g. ``atari.py``'s) reaches the
-others through :func:`native_env`.
+gymnasium and TorchRL families and the Atari road (a ``GymWrapper`` around gymnasium's Atari preprocessing),
+``gymenv_transforms.py`` on ``gymenv.py``, ``atari.py`` on the gymnasium family's stepper. A family's stand-in for
+an env's own ``step`` (``Family.native_env``, e.g. ``atari.py``'s) reaches the faces through :func:`native_env`.
 
 **Adding a family** is adding one module here with a ``FAMILY`` (found at import), or, for a family that lives in
 your own code, :func:`register` with your ``Family``.

@@ -43,7 +43,7 @@ from ..engine.shared import BufferViews
 from ..engine.specs import DONE_KEYS
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue
-from . import native_env
+from .atari import native_env
 from .envbase import TORCHRL_STEP, seeding_resets, specs_of
 from .gym import (
     GymBlockStepper,
@@ -136,14 +136,15 @@ class GymEnvStepper(GymRow):
     """A TorchRL ``GymEnv`` / ``GymWrapper`` on the native road (see the module docstring): its gymnasium env is
     stepped here and TorchRL's data written into the env's rows of the buffers, checked as the gymnasium family
     checks every value. ``env`` is the TorchRL env (forwarded attributes reach it); ``gym_env`` the gymnasium env
-    it wraps, or a family's native stand-in for it (``Family.native_env``: e.g. gymnasium's Atari preprocessing
-    stepped natively, ``atari.py``)."""
+    it wraps, or the Atari road's stand-in for it (gymnasium's Atari preprocessing stepped natively,
+    ``atari.py``)."""
 
     road = NATIVE
 
     def __init__(self, env):
         self.env = env
-        self.gym_env = native_env(env._env)
+        stand_in = native_env(env._env)
+        self.gym_env = env._env if stand_in is None else stand_in
         self.specs = specs_of(env)
         self.frame_skip = env.wrapper_frame_skip
         self.action_kind = _action_kind(self.gym_env.action_space, env.full_action_spec["action"])
