@@ -212,9 +212,9 @@ class ResizesLinearly(atari.AtariFrames):
 
 class StacksNewestFirst(atari.AtariFrames):
     @staticmethod
-    def _push(previous, stack, frame):
-        stack[1:] = previous[:-1]
-        stack[0] = frame
+    def _write_stack(queue, out):
+        for j, frame in enumerate(reversed(queue)):
+            out[j] = frame
 
 
 class CountsNoLivesLost(atari.AtariFrames):
@@ -311,3 +311,26 @@ def test_torchrls_gym_wrapper_over_the_chain_gives_torchrls_data(no_leaks):
     assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
     for key in theirs.keys(True, True):
         assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+
+
+def test_steps_through_the_wrappers_and_native_steps_mix(no_leaks):
+    """The road's state is the wrappers' own: steps taken through ``env.step`` (as ``env_method("step")`` would)
+    between native ones, and a reset, leave the next native steps gymnasium's (observations, rewards, ends, infos)."""
+    from gymnasium.utils.env_checker import data_equivalence
+
+    make_env = CASES["breakout-life-loss-skip-3-stack-2"]
+    ours_env, theirs = make_env(), make_env()
+    ours = atari.native_env(ours_env)
+    try:
+        assert isinstance(ours, atari.AtariFrames)
+        assert data_equivalence(ours.reset(seed=SEED), theirs.reset(seed=SEED), exact=True)
+        for t, action in enumerate(fixed_actions(make_env)[:, 0]):
+            through_wrappers = t % 10 in (3, 4)
+            a = (ours_env if through_wrappers else ours).step(np.int64(action))
+            b = theirs.step(np.int64(action))
+            assert data_equivalence(a, b, exact=True), t
+            if t == 60 or a[2] or a[3]:
+                assert data_equivalence(ours.reset(), theirs.reset(), exact=True)
+    finally:
+        ours_env.close()
+        theirs.close()

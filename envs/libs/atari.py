@@ -29,9 +29,9 @@ these classes, continuous actions, a stochastic ``frameskip`` of the ALE env, an
 **Where it runs**: :class:`AtariStepper` writes each step into the env's rows of the engine's buffers (and, as
 :class:`AtariBlockStepper`, straight into a worker-recorded rollout's columns); :class:`AtariFrames` is the road
 itself, whose ``step`` / ``reset`` give what the env's own give (the info dict too) for the faces that call an env's
-``step`` (``Family.native_env``: the gymnasium and SB3 faces' worker side, TorchRL's ``GymWrapper`` road). A step
-taken by calling the wrappers' own ``step`` from outside (``env_method("step", ...)``) is not seen by the road's
-stack: the stack's state follows the road's steps and every reset.
+``step`` (``Family.native_env``: the gymnasium and SB3 faces' worker side, TorchRL's ``GymWrapper`` road). The
+road keeps its state in the wrappers themselves (their buffers, lives, frame queue and step count), so a reset or a
+step taken through the wrappers from outside (``env_method("step", ...)``) and the road's own steps mix freely.
 
 Nothing of it is compiled here: the emulator is ale-py's, the resize OpenCV's (both already needed by gymnasium's
 Atari envs); this module only calls them in the order the wrappers do.
@@ -129,9 +129,10 @@ class AtariFrames:
 
     ``step(action)`` gives what the chain's ``step`` gives, ``(observation, reward, terminated, truncated, info)``
     (the observation a new array, as the wrappers return one); the steppers use its parts: :meth:`emulate`,
-    :meth:`frame`, :meth:`stacked`. After any reset of the env, :meth:`observe_reset` is told its observation (the
-    stack's state). While ``gym.make``'s ``PassiveEnvChecker`` has steps left to check (:attr:`checking`), steps go
-    through the wrappers and :meth:`observe` is told what they returned.
+    :meth:`frame`, :meth:`stacked`. Its state is the wrappers' own (``AtariPreprocessing``'s buffers and lives,
+    ``FrameStackObservation``'s queue of frames, a ``TimeLimit``'s count), kept as their steps keep it: a reset, or a
+    step the wrappers take themselves (``gym.make``'s ``PassiveEnvChecker`` checks the first two, :attr:`checking`;
+    a caller may call ``env.step``), leaves nothing for this object to catch up with.
 
     Observation (unbatched, ``H, W = screen_size[1], screen_size[0]``): ``[stack_size, H, W]`` (``[H, W]``
     without the stack; ``[..., 3]`` for RGB, ``[..., 1]`` with ``grayscale_newaxis``), ``uint8``, or ``float32`` in
@@ -164,13 +165,9 @@ class AtariFrames:
         self._scale = pre.scale_obs
         frame_shape = pre.observation_space.shape
         self._frame_shape = frame_shape
-        if chain.stack is None:
-            self._stacks = None
-        else:
-            size = chain.stack.stack_size
-            dtype = pre.observation_space.dtype
-            # two stacks, the one the last step returned and the next one (no shift in place)
-            self._stacks = [np.zeros((size, *frame_shape), dtype), np.zeros((size, *frame_shape), dtype)]
+        #: FrameStackObservation's own deque of the last stack_size frames (its reset refills it), or None
+        self._queue = None if chain.stack is None else chain.stack.obs_queue
+        self._observation_space = env.observation_space
 
     def __getattr__(self, name: str):
         """Anything else is the env's (its spaces, its ``np_random``, ...): this object stands in for it."""
@@ -186,31 +183,26 @@ class AtariFrames:
             self._checking = not all(c.checked_step and c.checked_data_reuse for c in self._chain.checkers)
         return self._checking
 
-    def observe(self, obs) -> None:
-        """The env's observation after a reset or a step taken by the wrappers: the stack's state."""
-        if self._stacks is not None:
-            self._stacks[0][...] = obs
-
-    observe_reset = observe
-
     def step(self, action):
         """The chain's ``step(action)``, natively (through the wrappers while :attr:`checking`)."""
         if self.checking:
-            out = self.env.step(action)
-            self.observe(out[0])
-            return out
+            return self.env.step(action)
         reward, terminated, truncated = self.emulate(action)
-        obs = self.stacked(self.frame())
+        frame = self.frame()
+        if self._queue is None:
+            obs = frame
+        else:
+            space = self._observation_space
+            obs = np.empty(space.shape, space.dtype)
+            self.stacked(frame, obs)
         ale = self._ale
         info = {"lives": ale.lives(), "episode_frame_number": ale.getEpisodeFrameNumber(),
                 "frame_number": ale.getFrameNumber()}
-        return obs.copy(), reward, terminated, truncated, info
+        return obs, reward, terminated, truncated, info
 
     def reset(self, *, seed=None, options=None):
         """The chain's ``reset`` (the wrappers' own)."""
-        obs, info = self.env.reset(seed=seed, options=options)
-        self.observe_reset(obs)
-        return obs, info
+        return self.env.reset(seed=seed, options=options)
 
     def emulate(self, action) -> tuple[float, bool, bool]:
         """``AtariPreprocessing.step``'s frames, natively: returns ``(reward, terminated, truncated)`` and leaves
@@ -263,22 +255,21 @@ class AtariFrames:
             frame = np.asarray(frame, dtype=np.float32) / 255.0
         return frame.reshape(self._frame_shape)
 
-    def stacked(self, frame: np.ndarray) -> np.ndarray:
-        """The observation with ``frame`` the newest: ``frame`` itself without a stack, else the stack shifted by
-        one frame (an array of this object's, valid until the next call)."""
-        if self._stacks is None:
-            return frame
-        previous, stack = self._stacks
-        self._push(previous, stack, frame)
-        self._stacks = [stack, previous]
-        return stack
+    def stacked(self, frame: np.ndarray, out: np.ndarray) -> None:
+        """Write the observation whose newest frame is ``frame`` (a new array, kept by the stack) into ``out``:
+        ``frame`` itself without a stack, else ``FrameStackObservation``'s step: ``frame`` joins its queue, and the
+        queue, oldest first, is the observation."""
+        if self._queue is None:
+            out[...] = frame
+            return
+        self._queue.append(frame)
+        self._write_stack(self._queue, out)
 
     @staticmethod
-    def _push(previous: np.ndarray, stack: np.ndarray, frame: np.ndarray) -> None:
-        """``FrameStackObservation``'s step: ``stack`` (``[stack_size, *frame]``) is ``previous`` shifted by one
-        frame, ``frame`` last."""
-        stack[:-1] = previous[1:]
-        stack[-1] = frame
+    def _write_stack(queue, out: np.ndarray) -> None:
+        """``out[j]`` is the ``j``-th frame of ``queue``, oldest first."""
+        for j, frame in enumerate(queue):
+            out[j] = frame
 
 
 class AtariStepper(GymStepper):
@@ -312,10 +303,9 @@ class AtariStepper(GymStepper):
         if frames.checking:
             obs, reward, terminated, truncated, _ = self.env.step(action)
             self._write_checked(obs, next_obs, "step()")
-            frames.observe(obs)
         else:
             reward, terminated, truncated = frames.emulate(action)
-            next_obs[i] = frames.stacked(frames.frame())
+            frames.stacked(frames.frame(), next_obs[i])
         if self._write_outcome(reward, terminated, truncated):
             obs, _ = self.autoreset()
             self._write_reset(obs, self._root_obs)
@@ -323,9 +313,8 @@ class AtariStepper(GymStepper):
             self._root_obs[i] = next_obs[i]
 
     def _write_reset(self, obs, rows: np.ndarray) -> None:
-        """Write a reset's observation (checked) into row ``i`` of ``rows``, and tell the road."""
+        """Write a reset's observation (checked) into row ``i`` of ``rows``."""
         self._write_checked(obs, rows, "reset()")
-        self.frames.observe_reset(obs)
 
     def _write_checked(self, obs, rows: np.ndarray, call: str) -> None:
         try:
