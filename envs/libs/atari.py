@@ -61,13 +61,13 @@ _LOG = logging.getLogger("tdcollect.envs")
 
 class Chain:
     """The pieces of a covered wrapper chain (see the module docstring): ``stack`` (the ``FrameStackObservation``
-    or None), ``preprocessing``, ``make_wrappers`` (the ``gym.make`` wrappers under it, outermost first),
-    ``time_limit`` (the ``TimeLimit`` among them or None), ``atari`` (the ALE env)."""
+    or None), ``preprocessing``, ``time_limit`` and ``checkers`` (the ``TimeLimit``, or None, and the
+    ``PassiveEnvChecker`` wrappers among ``make_wrappers``, the ``gym.make`` wrappers under it), ``atari`` (the ALE
+    env)."""
 
     def __init__(self, stack, preprocessing, make_wrappers: list, atari):
         self.stack = stack
         self.preprocessing = preprocessing
-        self.make_wrappers = make_wrappers
         self.time_limit = next((w for w in make_wrappers if type(w) is TimeLimit), None)
         self.checkers = [w for w in make_wrappers if type(w) is PassiveEnvChecker]
         self.atari = atari
@@ -159,6 +159,8 @@ class AtariFrames:
         self._action_set = atari._action_set
         self._inner_frames = atari._frameskip
         self._frame_skip = pre.frame_skip
+        #: the inner frames whose screens are read into the second and the first buffer
+        self._screen_frames = tuple(pre.frame_skip - back for back in self.SCREEN_READS)
         self._screen_size = pre.screen_size
         self.life_loss = pre.terminal_on_life_loss
         self._read_screen = self._ale.getScreenGrayscale if pre.grayscale_obs else self._ale.getScreenRGB
@@ -215,7 +217,7 @@ class AtariFrames:
         time_limit = self._chain.time_limit
         buffers = pre.obs_buffer
         frame_skip = self._frame_skip
-        second, first = (frame_skip - back for back in self.SCREEN_READS)
+        second, first = self._screen_frames
         total_reward = 0.0
         terminated = False
         truncated = False
@@ -291,10 +293,6 @@ class AtariStepper(GymStepper):
         self._next_obs = next_obs
         self._root_obs = root_obs
 
-    def reset(self, seed: int | None = None) -> None:
-        obs, _ = self.env.reset(seed=seed)
-        self._write_reset(obs, self._root["observation"])
-
     def step(self) -> None:
         frames = self.frames
         i = self._i
@@ -308,13 +306,9 @@ class AtariStepper(GymStepper):
             frames.stacked(frames.frame(), next_obs[i])
         if self._write_outcome(reward, terminated, truncated):
             obs, _ = self.autoreset()
-            self._write_reset(obs, self._root_obs)
+            self._write_checked(obs, self._root_obs, "reset()")
         else:
             self._root_obs[i] = next_obs[i]
-
-    def _write_reset(self, obs, rows: np.ndarray) -> None:
-        """Write a reset's observation (checked) into row ``i`` of ``rows``."""
-        self._write_checked(obs, rows, "reset()")
 
     def _write_checked(self, obs, rows: np.ndarray, call: str) -> None:
         try:
