@@ -27,15 +27,17 @@ MAX_CHAIN_INSIDE = 5
 REGISTRY = "envs.libs"
 #: family module -> the family modules it builds on: DMLab2D on the dm_env family's conversions and stepper;
 #: TorchRL's GymEnv road on the gymnasium family's checks and block stepper, the TorchRL family's specs and the Atari
-#: road (a GymWrapper around gymnasium's Atari preprocessing); the Atari road on the gymnasium family's stepper
+#: road (a GymWrapper around gymnasium's Atari preprocessing); the Atari road on the gymnasium family's stepper;
+#: TorchRL's MeltingpotEnv road on the dm_env family's layout and stepper and the TorchRL family's specs
 BUILT_ON = {"envs.libs.dmlab2d": {"envs.libs.dm_env"},
             "envs.libs.gymenv": {"envs.libs.gym", "envs.libs.envbase", "envs.libs.atari"},
             "envs.libs.gymenv_transforms": {"envs.libs.gymenv", "envs.libs.envbase"},
-            "envs.libs.atari": {"envs.libs.gym"}}
+            "envs.libs.atari": {"envs.libs.gym"},
+            "envs.libs.meltingpot": {"envs.libs.dm_env", "envs.libs.envbase"}}
 #: a family's names (lower case) -> the modules allowed to say them besides tests, docs and tutorials
 FAMILY_NAMES = {
     ("meltingpot",): {"envs.libs.meltingpot", "envs.meltingpot_install", "command"},
-    ("dm_env",): {"envs.libs.dm_env", "envs.libs.dmlab2d"},
+    ("dm_env",): {"envs.libs.dm_env", "envs.libs.dmlab2d", "envs.libs.meltingpot"},
     ("dmlab2d",): {"envs.libs.dmlab2d"},
     ("pettingzoo",): {"envs.libs.pettingzoo"},
 }

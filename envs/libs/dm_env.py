@@ -413,20 +413,24 @@ class DmEnvStepper:
     ``layout``: a :class:`DmLayout` (default:
     :func:`layout_of`: an agent group for per-player spec sequences, else the observation dict's entries as
     top-level keys, actions under ``"action"``, ``"reward"``
-    ``[1]``).
+    ``[1]``). ``source``: the ``dm_env.Environment`` stepped, when ``env`` (the object forwarded attributes reach)
+    is a wrapper around it; default ``env`` itself. The done keys written are the layout's (``layout.done``), each
+    step's flags from :meth:`ended` (default :func:`done_flags`, in ``DONE_KEYS`` order).
     dm_env has no seeding call, so a seed passed to ``reset`` is ignored (with a warning, once); subclasses
     that know how to seed their env override :meth:`seed`.
     """
 
-    def __init__(self, env, layout=None):
+    def __init__(self, env, layout=None, source=None):
         self.env = env
-        self.layout = layout if layout is not None else layout_of(env)
+        self.source = env if source is None else source
+        self.layout = layout if layout is not None else layout_of(self.source)
         self.specs = EnvSpecs(
             observation=self.layout.observation,
             action=self.layout.action,
             reward=self.layout.reward,
             done=self.layout.done,
         )
+        self.done_keys = list(self.layout.done.keys())
         self._warned_seed = False
 
     def bind(self, views: BufferViews, index: int) -> None:
@@ -435,7 +439,7 @@ class DmEnvStepper:
         self._write_root = TimestepWriter(layout.observation_slots, views.root_np, at)
         self._write_next = TimestepWriter(layout.observation_slots + layout.reward_slots, views.next_np, at)
         self._read_action = ActionReader(layout.action_slots, views.action_np, at)
-        self._flags = [views.next_np[key][index, ...] for key in DONE_KEYS]
+        self._flags = [views.next_np[key][index, ...] for key in self.done_keys]
         self._env_index = views.first_index + index
         keys = dict.fromkeys(slot.key for slot in layout.observation_slots)  # the next observation, root's next
         self._carry = [(leaf_array(views.root_np, key)[index, ...], leaf_array(views.next_np, key)[index, ...])
@@ -451,16 +455,20 @@ class DmEnvStepper:
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.seed(seed)
-        self._write(self._write_root, self.env.reset(), "reset()")
+        self._write(self._write_root, self.source.reset(), "reset()")
+
+    def ended(self, timestep: dm_env.TimeStep) -> tuple[bool, ...]:
+        """The step's flags, one per done key (``done``, ``terminated``, ``truncated``): :func:`done_flags`."""
+        return done_flags(timestep)
 
     def step(self) -> None:
-        timestep = self.env.step(self._read_action())
+        timestep = self.source.step(self._read_action())
         self._write(self._write_next, timestep, "step()")
-        flags = done_flags(timestep)
+        flags = self.ended(timestep)
         for array, flag in zip(self._flags, flags):
             array[...] = flag
         if flags[0]:
-            self._write(self._write_root, self.env.reset(), "reset()")
+            self.reset()
         else:
             for root, written in self._carry:  # already checked and converted: one copy per leaf
                 np.copyto(root, written)

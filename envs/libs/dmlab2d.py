@@ -161,7 +161,7 @@ class LevelStepper(DmEnvStepper):
 
     def seed(self, seed: int) -> None:
         self.level.set_seed(seed)
-        self.env = self.level.dm_env
+        self.env = self.source = self.level.dm_env
 
     def close(self) -> None:
         self.level.close()

@@ -7,6 +7,8 @@ env's ``EnvBase`` API. An ``EnvBase`` is seeded at once through its own ``set_se
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from tensordict import TensorDictBase
@@ -190,6 +192,17 @@ def _write(buffers: TensorDictBase, values: TensorDictBase) -> None:
 
 #: the road of a TorchRL env stepped through its own ``step_and_maybe_reset`` (see ``stepper.ROAD_ATTRIBUTE``)
 TORCHRL_STEP = "TorchRL's step"
+
+_LOG = logging.getLogger("tdcollect.envs")
+
+
+def marked_stepper(env, reason: str | None, native: str, build):
+    """Mark ``env`` with its road (``native``, or TorchRL's step with ``reason``; ``env.roads()`` reads it), log it,
+    and return ``build(env)`` when ``reason`` is None, else None (the TorchRL family steps it)."""
+    road = native if reason is None else f"{TORCHRL_STEP}: {reason}"
+    object.__setattr__(env, ROAD_ATTRIBUTE, road)
+    _LOG.debug("%r takes the road %s", env, road)
+    return build(env) if reason is None else None
 
 
 def _stepper(env):

@@ -30,7 +30,6 @@ of an env's values, its block stepper) and the TorchRL family (``envbase.py``: t
 from __future__ import annotations
 
 import functools
-import logging
 
 import gymnasium as gym
 import numpy as np
@@ -44,7 +43,7 @@ from ..engine.specs import DONE_KEYS
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue
 from .atari import native_env
-from .envbase import TORCHRL_STEP, seeding_resets, specs_of
+from .envbase import marked_stepper, seeding_resets, specs_of
 from .gym import (
     GymBlockStepper,
     GymRow,
@@ -54,8 +53,6 @@ from .gym import (
 )
 
 NATIVE = "native: the gymnasium env stepped by tdcollect, TorchRL's GymEnv data"
-
-_LOG = logging.getLogger("tdcollect.envs")
 
 
 def why_not_native(env) -> str | None:
@@ -249,15 +246,6 @@ def block_stepper(steppers: list, views: BufferViews) -> GymBlockStepper | None:
     read_actions = _block_action_reader(first.action_kind, views.action_np["action"])
     return GymBlockStepper([s.gym_env for s in steppers], [s.autoreset for s in steppers], views, read_actions,
                            observation_key=key, frame_skip=first.frame_skip)
-
-
-def marked_stepper(env, reason: str | None, native: str, build):
-    """Mark ``env`` with its road (``native``, or TorchRL's step with ``reason``; ``env.roads()`` reads it), log it,
-    and return ``build(env)`` when ``reason`` is None, else None (the TorchRL family steps it)."""
-    road = native if reason is None else f"{TORCHRL_STEP}: {reason}"
-    object.__setattr__(env, ROAD_ATTRIBUTE, road)
-    _LOG.debug("%r takes the road %s", env, road)
-    return build(env) if reason is None else None
 
 
 def _stepper(env) -> GymEnvStepper | None:

@@ -27,8 +27,8 @@ from torchrl.envs.libs.gym import GymWrapper
 from torchrl.envs.transforms import EndOfLifeTransform, NoopResetEnv
 
 from ..engine.stepper import Family
-from .envbase import specs_of, transform_parts
-from .gymenv import GymEnvStepper, marked_stepper
+from .envbase import marked_stepper, specs_of, transform_parts
+from .gymenv import GymEnvStepper
 from .gymenv import why_not_native as why_not_native_gymenv
 
 NATIVE = "native: the gymnasium env stepped by tdcollect under NoopResetEnv / EndOfLifeTransform, TorchRL's data"
