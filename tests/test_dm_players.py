@@ -117,3 +117,37 @@ def test_players_that_disagree_are_refused(no_leaks):
         layout_of(Players(3, odd_player=True))
     with pytest.raises(EnvWorkerError, match="players disagree"):
         ParallelEnv(2, lambda: Players(3, odd_player=True))
+
+
+class BadPlayer(Players):
+    """:class:`Players` whose last player's ``"COUNT"`` becomes ``value`` at step 2."""
+
+    def __init__(self, value):
+        super().__init__(3, length=4)
+        self.value = value
+
+    def _observation(self):
+        observation = super()._observation()
+        if self.t == 2:
+            observation[-1]["COUNT"] = self.value
+        return observation
+
+
+@pytest.mark.parametrize("value, says", [
+    (np.zeros(2), r"shape \(2,\)"),
+    (None, "None, where a number is expected"),
+    ("many", "not an array of numbers|dtype <U4"),
+], ids=["shape", "none", "text"])
+def test_a_bad_value_of_one_player_names_the_key(value, says):
+    """A player's value of another shape, None or text: the step fails with the key named, whichever player it is
+    (the players' values are checked and written together)."""
+    env = SerialEnv(1, lambda: BadPlayer(value))
+    try:
+        td = env.reset()
+        td["agents", "action"] = torch.tensor([[1, 2, 3]])
+        env.step_and_maybe_reset(td)
+        with pytest.raises(ValueError, match=says) as raised:
+            env.step_and_maybe_reset(td)
+        assert "COUNT" in str(raised.value)
+    finally:
+        env.close()
