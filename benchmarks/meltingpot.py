@@ -1,28 +1,42 @@
-"""MeltingPot: frames/s and time to first batch, ours (native factory and TorchRL's wrapper) against a serial loop
-and TorchRL's ParallelEnv, on one substrate (default ``commons_harvest__open``, 7 players).
+"""MeltingPot: frames/s of every road against a serial loop of the same substrates, TorchRL's ParallelEnv and the
+machine's ceiling; and the time to the first batch.
 
-Frames/s: random actions, ``--steps`` steps of every env after a warm-up, the rows interleaved within each of
-``--rounds`` rounds (one process); batched envs run the public loop ``step_and_maybe_reset(rand_action(td))``, and
-every row goes on from where its last round stopped (resets only when an episode ends). Rows:
+Frames/s (``--substrates``, default ``commons_harvest__open`` (7 players) and ``coins`` (2); ``--layouts``, default
+``2x1 2x2``: workers x envs per worker): random actions, ``--steps`` steps of every env per round after a warm-up of
+as many (a rollout's storage is made at its first call, then recycled; the first batch is timed below), the rows
+interleaved within each of ``--rounds`` rounds (medians reported). Each row is built, timed and closed in its turn,
+alone on the cores (an idle batched env is not free: TorchRL's workers poll); an episode of these
+substrates lasts 500-1,600 steps, so few rounds hold an episode's end. A frame is one env step
+(all players). Rows (``ours`` twice: the native factory ``lambda: substrate.build(name, roles=...)`` and TorchRL's
+``lambda: MeltingpotEnv(name)``):
 
-- ``serial loop``: ``--workers`` raw substrates stepped one after the other in a Python loop (numpy actions, no
-  tensors: the floor of any env API's cost);
-- ``TorchRL SerialEnv + MeltingpotEnv``: the same envs as tensordicts, in this process;
-- ``TorchRL ParallelEnv + MeltingpotEnv``: ``torchrl.envs.ParallelEnv(n, lambda: MeltingpotEnv(name))``;
-- ``ours, native factory``: ``ParallelEnv(n, lambda: substrate.build(name, roles=...))``;
-- ``ours, TorchRL's MeltingpotEnv``: ``ParallelEnv(n, lambda: MeltingpotEnv(name))``.
+- ``serial loop``: the W*K raw substrates stepped one after the other in a Python loop (numpy actions, no tensors:
+  the floor of any env API's cost);
+- ``ceiling``: W processes, each stepping K raw substrates through the same steps and copying every observation,
+  started together, with no hand-off at all (what two cores allow);
+- ``step loop``: ``step_and_maybe_reset(rand_action(td))``;
+- ``rollout``: ``env.rollout(steps, break_when_any_done=False, auto_reset=False, tensordict=td)``, going on;
+- ``Collector``: ``Collector(env, None, frames_per_batch=steps * W * K)``, batches timed;
+- ``MultiSyncCollector``: ``MultiSyncCollector([make] * W, None, ...)`` (a worker's env: K envs in a SerialEnv);
+- ``TorchRL ParallelEnv + MeltingpotEnv`` (step loop).
 
-A frame is one env step (all players). Time to first batch: a fresh Python process per row, from the process's
-creation (imports included) to its first step returned (reset included), for the same rows and for ours under each
-start method with 2 and 4 workers, with the main process importing MeltingPot first (``from meltingpot import
-substrate`` at the top, as a user's script does) or leaving it to the constructor.
+``rollout`` with its default reset (``env.rollout(steps)``) rebuilds every substrate first (MeltingPot's reset:
+0.3-1 s each); its row ``rollout, reset included`` is set against ``serial loop, reset included`` (each substrate
+reset, then stepped as above).
 
-    python -m benchmarks.meltingpot [--substrate commons_harvest__open] [--workers 2] [--rounds 3]
+Time to first batch: a fresh Python process per row, from the process's creation (imports included) to its first
+step returned (reset included), for the serial loop, TorchRL's ParallelEnv and ours under each start method.
+
+    python -m benchmarks.meltingpot [--substrates commons_harvest__open coins] [--layouts 2x1 2x2] [--rounds 3]
+        [--json results.json] [--startup-rounds 2]
+    python -m benchmarks.meltingpot --from-log printed.txt --json results.json   (tables from a run's output)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import re
 import subprocess
 import sys
 import time
@@ -48,93 +62,252 @@ def wrapper_factory(name: str):
     return make
 
 
-def build(row: str, name: str, workers: int, method: str | None = None):
-    """The env of one row (a list of raw substrates for the serial loop)."""
-    if row == "serial":
-        return [native_factory(name)() for _ in range(workers)]
-    if row == "torchrl":
+FACTORIES = {"native": native_factory, "wrapper": wrapper_factory}
+
+
+def serial_envs(name: str, n: int) -> list:
+    return [native_factory(name)() for _ in range(n)]
+
+
+def step_serial(envs: list, steps: int, rng) -> None:
+    """``steps`` steps of each raw substrate, one after the other (reset where an episode ends)."""
+    n_actions, players = envs[0].action_spec()[0].num_values, len(envs[0].action_spec())
+    for _ in range(steps):
+        for substrate in envs:
+            if substrate.step(list(rng.integers(0, n_actions, players))).last():
+                substrate.reset()
+
+
+def copy_observations(timestep, buffers: dict) -> None:
+    """What a batched env must do with a step's observations at least: copy each into memory of its own."""
+    for p, observation in enumerate(timestep.observation):
+        for key, value in observation.items():
+            if not key.startswith("WORLD.") or p == 0:
+                np.copyto(buffers.setdefault((p, key), np.empty_like(np.asarray(value))), value)
+
+
+def _ceiling_worker(name: str, k: int, steps: int, ready, go, done) -> None:
+    envs = serial_envs(name, k)
+    for env in envs:
+        env.reset()
+    rng = np.random.default_rng(0)
+    n_actions, players = envs[0].action_spec()[0].num_values, len(envs[0].action_spec())
+    buffers: dict = {}
+    ready.release()
+    while go.get():
+        for _ in range(steps):
+            for env in envs:
+                timestep = env.step(list(rng.integers(0, n_actions, players)))
+                copy_observations(timestep, buffers)
+                if timestep.last():
+                    env.reset()
+        done.release()
+    for env in envs:
+        env.close()
+
+
+class Ceiling:
+    """``workers`` processes of ``k`` raw substrates each; :meth:`run` has them all step ``steps`` steps (copying
+    every observation) and returns when the last is done: no hand-off per step."""
+
+    def __init__(self, name: str, workers: int, k: int, steps: int):
+        context = multiprocessing.get_context("fork")
+        self.ready, self.done = context.Semaphore(0), context.Semaphore(0)
+        self.go = [context.SimpleQueue() for _ in range(workers)]
+        self.processes = [context.Process(target=_ceiling_worker, args=(name, k, steps, self.ready, queue,
+                                                                         self.done), daemon=True)
+                          for queue in self.go]
+        for process in self.processes:
+            process.start()
+        for _ in self.processes:
+            if not self.ready.acquire(timeout=300):
+                raise RuntimeError("a ceiling worker did not start")
+
+    def run(self) -> None:
+        for queue in self.go:
+            queue.put(True)
+        for _ in self.processes:
+            if not self.done.acquire(timeout=300):
+                raise RuntimeError("a ceiling worker did not finish")
+
+    def close(self) -> None:
+        for queue in self.go:
+            queue.put(False)
+        for process in self.processes:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+
+
+class Row:
+    """One row: ``run(steps)`` steps every env ``steps`` times and returns the frames; ``close()``."""
+
+    def __init__(self, run, close, frames_per_step: int):
+        self.run_steps = run
+        self.close = close
+        self.frames_per_step = frames_per_step
+
+    def run(self, steps: int) -> int:
+        self.run_steps(steps)
+        return steps * self.frames_per_step
+
+
+def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
+    n = workers * k
+    if row in ("serial", "serial_reset"):
+        envs = serial_envs(name, n)
+        for env in envs:
+            env.reset()
+        rng = np.random.default_rng(0)
+
+        def run(t):
+            if row == "serial_reset":
+                for env in envs:
+                    env.reset()
+            step_serial(envs, t, rng)
+
+        return Row(run, lambda: [env.close() for env in envs], n)
+    if row == "ceiling":
+        ceiling = Ceiling(name, workers, k, steps)
+        return Row(lambda t: ceiling.run(), ceiling.close, n)
+    if row == "torchrl_loop":
         from torchrl.envs import ParallelEnv as TorchRLParallelEnv
 
-        return TorchRLParallelEnv(workers, wrapper_factory(name))
-    if row == "torchrl_serial":
-        from torchrl.envs import SerialEnv as TorchRLSerialEnv
+        env = TorchRLParallelEnv(n, wrapper_factory(name))
+        return _loop_row(env, n)
+    form, road = row.split("_", 1)
+    make = FACTORIES[form](name)
+    if road == "multisync":
+        from tdcollect.collectors import MultiSyncCollector
+        from tdcollect.envs import SerialEnv
 
-        return TorchRLSerialEnv(workers, wrapper_factory(name))
+        worker_env = make if k == 1 else (lambda: SerialEnv(k, make))
+        collector = MultiSyncCollector([worker_env] * workers, None, frames_per_batch=steps * n, total_frames=-1)
+        batches = iter(collector)
+        return Row(lambda t: next(batches), collector.shutdown, n)
     from tdcollect.envs import ParallelEnv
 
-    factory = native_factory(name) if row == "native" else wrapper_factory(name)
-    return ParallelEnv(workers, factory, mp_start_method=method)
+    env = ParallelEnv(workers, make, envs_per_worker=k)
+    if road == "loop":
+        return _loop_row(env, n)
+    if road in ("rollout", "rollout_reset"):
+        first = env.reset()
+
+        def roll(t):
+            if road == "rollout_reset":
+                env.rollout(t, break_when_any_done=False)
+            else:  # (the workers' envs go on from where they are; ``first`` is only step 0's recorded root)
+                env.rollout(t, break_when_any_done=False, auto_reset=False, tensordict=first)
+
+        return Row(roll, env.close, n)
+    if road == "collector":
+        from tdcollect.collectors import Collector
+
+        collector = Collector(env, None, frames_per_batch=steps * n, total_frames=-1)
+        batches = iter(collector)
+
+        def close():
+            collector.shutdown()
+            env.close()
+
+        return Row(lambda t: next(batches), close, n)
+    raise ValueError(row)
 
 
-def run_steps(row: str, env, steps: int, state: dict) -> int:
-    """Step ``env`` ``steps`` times with random actions, going on from where the last call stopped (``state``:
-    this row's carry-over; a reset costs about 0.3 s per substrate, once at the first call and then only when an
-    episode ends); the frames stepped."""
-    if row == "serial":
-        rng = np.random.default_rng(len(state))
-        if not state:
-            for substrate in env:
-                substrate.reset()
-            state["started"] = True
-        n_actions, players = env[0].action_spec()[0].num_values, len(env[0].action_spec())
-        for _ in range(steps):
-            for substrate in env:
-                if substrate.step(list(rng.integers(0, n_actions, players))).last():
-                    substrate.reset()
-        return steps * len(env)
-    td = state["td"] if "td" in state else env.reset()
-    for _ in range(steps):
-        _, td = env.step_and_maybe_reset(env.rand_action(td))
-    state["td"] = td
-    return steps * env.batch_size.numel()
+def _loop_row(env, n: int) -> Row:
+    state = {"td": env.reset()}
+
+    def run(t):
+        td = state["td"]
+        for _ in range(t):
+            _, td = env.step_and_maybe_reset(env.rand_action(td))
+        state["td"] = td
+
+    return Row(run, env.close, n)
 
 
-def close(row: str, env) -> None:
-    for e in env if row == "serial" else [env]:
-        e.close()
+ROWS = {
+    "serial": "serial loop",
+    "ceiling": "ceiling: processes stepping and copying, no hand-off",
+    "native_loop": "ours, native factory: step loop",
+    "native_rollout": "ours, native factory: rollout",
+    "native_collector": "ours, native factory: Collector",
+    "native_multisync": "ours, native factory: MultiSyncCollector",
+    "wrapper_loop": "ours, MeltingpotEnv: step loop",
+    "wrapper_rollout": "ours, MeltingpotEnv: rollout",
+    "wrapper_collector": "ours, MeltingpotEnv: Collector",
+    "wrapper_multisync": "ours, MeltingpotEnv: MultiSyncCollector",
+    "torchrl_loop": "TorchRL ParallelEnv + MeltingpotEnv: step loop",
+    "serial_reset": "serial loop, reset included",
+    "native_rollout_reset": "ours, native factory: rollout, reset included",
+}
+#: rows set against the reset-including serial loop
+AGAINST_RESET = {"serial_reset", "native_rollout_reset"}
 
 
-ROWS = {"serial": "serial loop", "torchrl_serial": "TorchRL SerialEnv + MeltingpotEnv",
-        "torchrl": "TorchRL ParallelEnv + MeltingpotEnv",
-        "native": "ours, native factory", "wrapper": "ours, TorchRL's MeltingpotEnv"}
-
-
-def throughput(name: str, workers: int, steps: int, rounds: int) -> dict[str, list[float]]:
-    envs = {row: build(row, name, workers) for row in ROWS}
-    states: dict[str, dict] = {row: {} for row in ROWS}
-    results: dict[str, list[float]] = {row: [] for row in ROWS}
-    try:
-        for row, env in envs.items():  # warm-up: first resets, first page faults
-            run_steps(row, env, 20, states[row])
-        for r in range(rounds):
-            order = list(ROWS) if r % 2 == 0 else list(reversed(ROWS))
-            for row in order:
+def throughput(name: str, workers: int, k: int, steps: int, rounds: int, rows: list[str]) -> dict[str, list[float]]:
+    """Frames/s of each row in each round. A row is built, warmed up (its first steps and page faults), timed and
+    closed within its turn, so that no other row's processes share the cores while it runs (idle workers are not
+    free: TorchRL's poll); the order alternates between rounds."""
+    results: dict[str, list[float]] = {row: [] for row in rows}
+    for r in range(rounds):
+        for row in rows if r % 2 == 0 else list(reversed(rows)):
+            built = build_row(row, name, workers, k, steps)
+            try:
+                built.run(steps)  # warm-up of the same length: a rollout's storage is made once, then recycled
                 start = time.perf_counter()
-                frames = run_steps(row, envs[row], steps, states[row])
+                frames = built.run(steps)
                 results[row].append(frames / (time.perf_counter() - start))
-            print(f"round {r + 1}: " + " | ".join(f"{ROWS[row]} {results[row][-1]:,.0f}" for row in ROWS),
-                  flush=True)
-    finally:
-        for row, env in envs.items():
-            close(row, env)
+            finally:
+                built.close()
+        print(f"{name} {workers}x{k} round {r + 1}: " + " | ".join(
+            f"{row} {results[row][-1]:,.0f}" for row in rows), flush=True)
     return results
 
 
+def table(name: str, workers: int, k: int, results: dict[str, list[float]]) -> list[str]:
+    serial = float(np.median(results["serial"]))
+    serial_reset = float(np.median(results["serial_reset"])) if "serial_reset" in results else None
+    lines = [f"\n{name}, {workers} workers x {k} env(s), random actions\n",
+             "| row | frames/s (median) | rounds | x serial loop |", "|---|---:|---|---:|"]
+    for row, values in results.items():
+        med = float(np.median(values))
+        base = serial_reset if row in AGAINST_RESET else serial
+        lines.append(f"| {ROWS[row]} | {med:,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | {med / base:.2f} |")
+    return lines
+
+
 def first_batch_child(row: str, name: str, workers: int, method: str | None, preimport: bool) -> None:
-    """Run in a fresh process: print the seconds from this process's creation to its first batch."""
+    """Run in a fresh process: print the seconds from this process's creation to its first step returned."""
     import psutil
 
     if preimport:
         import meltingpot.substrate  # noqa: F401
-    env = build(row, name, workers, method)
-    run_steps(row, env, 1, {})
+    if row == "serial":
+        envs = serial_envs(name, workers)
+        for env in envs:
+            env.reset()
+        step_serial(envs, 1, np.random.default_rng(0))
+        close = [env.close for env in envs]
+    else:
+        if row == "torchrl":
+            from torchrl.envs import ParallelEnv as TorchRLParallelEnv
+
+            env = TorchRLParallelEnv(workers, wrapper_factory(name))
+        else:
+            from tdcollect.envs import ParallelEnv
+
+            env = ParallelEnv(workers, FACTORIES[row](name), mp_start_method=method)
+        env.step_and_maybe_reset(env.rand_action(env.reset()))
+        close = [env.close]
     seconds = time.time() - psutil.Process().create_time()
-    close(row, env)
+    for fn in close:
+        fn()
     print(json.dumps({"seconds": seconds}))
 
 
 def first_batch(row: str, name: str, workers: int, method: str | None, preimport: bool) -> float:
-    args = [sys.executable, "-m", "benchmarks.meltingpot", "--child", row, "--substrate", name,
+    args = [sys.executable, "-m", "benchmarks.meltingpot", "--child", row, "--substrates", name,
             "--workers", str(workers), "--method", method or "default", *(["--preimport"] if preimport else [])]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -158,32 +331,77 @@ def startup_table(name: str, workers: int, rounds: int) -> list[tuple[str, list[
     return [(label, times[label]) for label, *_ in configs]
 
 
+#: rows drawn in the README's plot (``benchmarks.plot_ratios``), under the systems' names there
+PLOT_SYSTEMS = {"native_rollout": "tdcollect_parallel", "native_loop": "tdcollect_step_loop",
+                "native_collector": "tdcollect_random_collector", "torchrl_loop": "torchrl_parallel"}
+ROUND_LINE = re.compile(r"^(\S+) (\d+)x(\d+) round \d+: (.*)$")
+
+
+def from_log(path: str) -> dict[tuple, dict[str, list[float]]]:
+    """The rounds a run printed (its ``<name> <W>x<K> round <r>: row value | ...`` lines), by configuration."""
+    runs: dict[tuple, dict[str, list[float]]] = {}
+    with open(path) as f:
+        for line in f:
+            match = ROUND_LINE.match(line.strip())
+            if not match:
+                continue
+            name, workers, k, rows = match.group(1), int(match.group(2)), int(match.group(3)), match.group(4)
+            results = runs.setdefault((name, workers, k), {})
+            for entry in rows.split(" | "):
+                row, value = entry.rsplit(" ", 1)
+                results.setdefault(row, []).append(float(value.replace(",", "")))
+    return runs
+
+
+def plot_records(name: str, workers: int, k: int, results: dict[str, list[float]]) -> list[dict]:
+    """``benchmarks.plot_ratios``' records (``results.json`` of ``benchmarks.run``) of the rows it draws."""
+    serial = float(np.median(results["serial"]))
+    return [{"system": system, "workload": f"meltingpot ({name})", "config_workers": workers,
+             "config_envs_per_worker": k, "steps_per_s": float(np.median(results[row])),
+             "rounds_steps_per_s": results[row], "vs_serial": float(np.median(results[row])) / serial}
+            for row, system in PLOT_SYSTEMS.items() if row in results]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--substrate", default="commons_harvest__open")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--substrates", nargs="+", default=["commons_harvest__open", "coins"])
+    parser.add_argument("--layouts", nargs="+", default=["2x1", "2x2"])
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--startup-rounds", type=int, default=2)
-    parser.add_argument("--child", choices=list(ROWS), help=argparse.SUPPRESS)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--startup-rounds", type=int, default=0)
+    parser.add_argument("--json", help="write the plotted rows as benchmarks.plot_ratios reads them")
+    parser.add_argument("--from-log", help="tables (and --json) from the rounds a run printed, without running")
+    parser.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["serial", "torchrl", "native", "wrapper"], help=argparse.SUPPRESS)
     parser.add_argument("--method", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--preimport", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         method = None if args.method == "default" else args.method
-        first_batch_child(args.child, args.substrate, args.workers, method, args.preimport)
+        first_batch_child(args.child, args.substrates[0], args.workers, method, args.preimport)
         return
-    print(f"{args.substrate}, {args.workers} workers, {args.steps} steps per env per round, random actions")
-    results = throughput(args.substrate, args.workers, args.steps, args.rounds)
-    serial = np.median(results["serial"])
-    print("\n| row | frames/s (median of rounds) | rounds | × serial |\n|---|---:|---|---:|")
-    for row, label in ROWS.items():
-        med = np.median(results[row])
-        print(f"| {label} | {med:,.0f} | {', '.join(f'{v:,.0f}' for v in results[row])} | {med / serial:.2f} |")
+    lines, records = [], []
+    if args.from_log:
+        runs = from_log(args.from_log)
+    else:
+        runs = {}
+        for name in args.substrates:
+            for layout in args.layouts:
+                workers, k = (int(part) for part in layout.split("x"))
+                runs[(name, workers, k)] = throughput(name, workers, k, args.steps, args.rounds, list(args.rows))
+                print("\n".join(table(name, workers, k, runs[(name, workers, k)])), flush=True)
+    for (name, workers, k), results in runs.items():
+        lines += table(name, workers, k, results)
+        records += plot_records(name, workers, k, results)
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": records}, f, indent=1)
     if args.startup_rounds:
-        table = startup_table(args.substrate, args.workers, args.startup_rounds)
+        startup = startup_table(args.substrates[0], 2, args.startup_rounds)
         print("\n| time to first batch (process start to the first step) | median s | rounds |\n|---|---:|---|")
-        for label, values in table:
+        for label, values in startup:
             print(f"| {label} | {np.median(values):.1f} | {', '.join(f'{v:.1f}' for v in values)} |")
 
 
