@@ -213,14 +213,17 @@ class CollectorBase:
                 if bar is not None:
                     bar.update(frames)
                     bar.set_postfix(fps=f"{frames / (time.perf_counter() - start):,.0f}")
+                if self.total_frames != -1 and self.frames >= self.total_frames:
+                    self._collected_all()  # TorchRL's moment: before the last batch's postproc, hook and yield
                 yield self._finish(self._in_torchrl_layout(batch))
-            self._collected_all()
         finally:
             if bar is not None:
                 bar.close()
 
     def _collected_all(self) -> None:
-        """Called once the total frames are collected (not when the iteration is left early)."""
+        """Called once the total frames are collected, before the last batch is post-processed and yielded (where
+        TorchRL's ``Collector`` closes its env: in the ``next()`` that returns that batch); not when the iteration is
+        left early."""
 
     def _in_torchrl_layout(self, batch: TensorDictBase) -> TensorDictBase:
         """A collected batch ``[n_envs, T]`` (with trajectory ids) as TorchRL yields it for this collector's

@@ -180,8 +180,9 @@ class Collector(LocalCalls, CollectorBase):
         self.increment_version()
 
     def _collected_all(self) -> None:
-        """TorchRL's collector closes its env once the total frames are collected (a later use of the env starts
-        it again); so does this one."""
+        """TorchRL's collector closes its env once the total frames are collected, inside the ``next()`` that
+        returns the last batch (a later use of the env starts it again); so does this one, at the same moment (the
+        process-wide state a close restores, e.g. torch's threads, is TorchRL's for the last batch's update)."""
         if not self.env.is_closed:
             self.env.close()
 

@@ -392,3 +392,41 @@ def test_max_frames_per_traj_resets_as_torchrls(limit, no_leaks):
         for key in theirs.keys(True, True):
             if key[0] != "collector":
                 assert torch.equal(ours[key], theirs[key]), key
+
+
+def _threads_at_each_batch(collector_class, env_class, batches: int = 3) -> tuple[list[int], bool]:
+    """What a script that updates on every batch sees: torch's threads in this process at each batch (the last one
+    included, before the loop is left), and whether the env is closed by then."""
+    from torchrl.envs import GymEnv
+
+    env = env_class(2, functools.partial(GymEnv, "Pendulum-v1"))
+    collector = collector_class(env, None, frames_per_batch=20, total_frames=20 * batches)
+    threads = []
+    try:
+        for _ in collector:
+            threads.append(torch.get_num_threads())
+        closed_at_last_batch = env.is_closed
+    finally:
+        collector.shutdown()
+        env.close(raise_if_closed=False)
+    return threads, closed_at_last_batch
+
+
+def test_the_env_closes_at_torchrls_moment_and_the_last_update_sees_torchrls_threads(no_leaks):
+    """TorchRL's Collector closes its env inside the ``next()`` that returns the last batch, and closing TorchRL's
+    ParallelEnv gives this process its torch threads back: a script's update on the last batch runs with them.
+    Ours: the same threads at every batch, and the env closed by the last one."""
+    from torchrl.envs import ParallelEnv as TorchRLParallelEnv
+
+    from tdcollect.envs import ParallelEnv
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        theirs, theirs_closed = _threads_at_each_batch(TorchRLCollector, TorchRLParallelEnv)
+        torch.set_num_threads(2)
+        ours, ours_closed = _threads_at_each_batch(Collector, ParallelEnv)
+    finally:
+        torch.set_num_threads(before)
+    assert theirs_closed and ours_closed
+    assert ours == theirs, (ours, theirs)
