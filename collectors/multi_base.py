@@ -15,7 +15,12 @@ from torchrl.envs.utils import ExplorationType
 
 from tdcollect.envs.engine.errors import EnvWorkerError, WorkerError
 from tdcollect.envs.engine.group import seed_chain
-from tdcollect.envs.engine.platform_policy import built_on_cpu, exit_if_bootstrapping, resolve_start_method
+from tdcollect.envs.engine.platform_policy import (
+    CALLER_THREADS,
+    built_on_cpu,
+    exit_if_bootstrapping,
+    resolve_start_method,
+)
 from tdcollect.envs.engine.pool import WorkerPool
 from tdcollect.envs.engine.shared import forget_caches, in_shared_memory
 from tdcollect.envs.engine.specs import agreed_specs
@@ -122,11 +127,12 @@ class ProcessCollector(WorkerCalls, CollectorBase):
                          storing_device=storing_device or device, progress_bar=progress_bar,
                          return_same_td=return_same_td, options=options, reset_at_each_iter=reset_at_each_iter,
                          compile_policy=compile_policy)
-        if num_threads is not None:  # TorchRL's meaning: the threads of this (the main) process
-            torch.set_num_threads(int(num_threads))
         self.policy = policy
         self._built_in_workers = policy_factory is not None and module is None  # no weights here to share
         self.num_workers = num_workers = len(pickled)
+        # this process' torch threads while the workers run, as TorchRL's process collectors set them when their
+        # workers start (one fewer per worker, at least 1, or num_threads), given back at shutdown
+        CALLER_THREADS.take(self, counted_workers(create_env_fn, num_workers), num_threads)
         self.max_restarts = int(max_restarts)
         self._module = module
         self._weights = SharedWeights(module) if module is not None else None
@@ -374,6 +380,7 @@ class ProcessCollector(WorkerCalls, CollectorBase):
         handshake = self.__dict__.get("_handshake")
         if pool is not None:
             pool.stop()
+        CALLER_THREADS.give_back(self)
         if handshake is not None:
             for storage in handshake.storages.values():
                 forget_caches(storage)  # (their shared memory goes with the last reference, see forget_caches)
@@ -384,6 +391,18 @@ class ProcessCollector(WorkerCalls, CollectorBase):
             if self.__dict__.get(name) is not None:
                 setattr(self, name, self.__dict__[name].clone())
         self._weights = None
+
+
+def counted_workers(create_env_fn, num_workers: int) -> int:
+    """The workers TorchRL's process collectors count for this process' torch threads: one per constructor, a
+    ``ParallelEnv`` instance (TorchRL's, or ours in its place) counting its own workers."""
+    from torchrl.envs import ParallelEnv as TorchRLParallelEnv
+
+    from tdcollect.envs.parallel import ParallelEnv
+
+    if not isinstance(create_env_fn, (list, tuple)):
+        create_env_fn = [create_env_fn] * num_workers
+    return sum(fn.num_workers if isinstance(fn, (TorchRLParallelEnv, ParallelEnv)) else 1 for fn in create_env_fn)
 
 
 def packed_hooks(options) -> bytes:

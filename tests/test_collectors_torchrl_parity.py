@@ -394,39 +394,50 @@ def test_max_frames_per_traj_resets_as_torchrls(limit, no_leaks):
                 assert torch.equal(ours[key], theirs[key]), key
 
 
-def _threads_at_each_batch(collector_class, env_class, batches: int = 3) -> tuple[list[int], bool]:
+def _threads_at_each_batch(kind: str, ours: bool, batches: int = 3) -> tuple[list[int], bool, int]:
     """What a script that updates on every batch sees: torch's threads in this process at each batch (the last one
-    included, before the loop is left), and whether the env is closed by then."""
+    included, before the loop is left), whether the env is closed by then (a ``Collector``'s), and the threads after
+    shutdown. ``kind``: a ``Collector`` over a ``ParallelEnv`` of 2, or a ``MultiSyncCollector`` of 2 workers;
+    ``ours``: tdcollect's classes, else TorchRL's."""
+    from torchrl.collectors import MultiSyncCollector as TorchRLMultiSyncCollector
     from torchrl.envs import GymEnv
-
-    env = env_class(2, functools.partial(GymEnv, "Pendulum-v1"))
-    collector = collector_class(env, None, frames_per_batch=20, total_frames=20 * batches)
-    threads = []
-    try:
-        for _ in collector:
-            threads.append(torch.get_num_threads())
-        closed_at_last_batch = env.is_closed
-    finally:
-        collector.shutdown()
-        env.close(raise_if_closed=False)
-    return threads, closed_at_last_batch
-
-
-def test_the_env_closes_at_torchrls_moment_and_the_last_update_sees_torchrls_threads(no_leaks):
-    """TorchRL's Collector closes its env inside the ``next()`` that returns the last batch, and closing TorchRL's
-    ParallelEnv gives this process its torch threads back: a script's update on the last batch runs with them.
-    Ours: the same threads at every batch, and the env closed by the last one."""
     from torchrl.envs import ParallelEnv as TorchRLParallelEnv
 
     from tdcollect.envs import ParallelEnv
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    make = functools.partial(GymEnv, "Pendulum-v1")
+    kwargs = {"frames_per_batch": 20, "total_frames": 20 * batches}
+    env = None
+    if kind == "Collector":
+        env = (ParallelEnv if ours else TorchRLParallelEnv)(2, make)
+        collector = (Collector if ours else TorchRLCollector)(env, None, **kwargs)
+    else:
+        collector = (MultiSyncCollector if ours else TorchRLMultiSyncCollector)([make] * 2, None, **kwargs)
+    threads = []
     try:
-        theirs, theirs_closed = _threads_at_each_batch(TorchRLCollector, TorchRLParallelEnv)
+        for _ in collector:
+            threads.append(torch.get_num_threads())
+        closed_at_last_batch = env is None or env.is_closed
+    finally:
+        collector.shutdown()
+        if env is not None:
+            env.close(raise_if_closed=False)
+    return threads, closed_at_last_batch, torch.get_num_threads()
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
+def test_torch_threads_at_every_batch_and_after_are_torchrls(kind, no_leaks):
+    """TorchRL's Collector closes its env inside the ``next()`` that returns the last batch, and closing TorchRL's
+    ParallelEnv gives this process its torch threads back: a script's update on the last batch runs with them.
+    TorchRL's MultiSyncCollector lowers them while its workers run and gives them back at shutdown. Ours: the same
+    threads at every batch and after shutdown, and a Collector's env closed by its last batch."""
+    before = torch.get_num_threads()
+    try:
         torch.set_num_threads(2)
-        ours, ours_closed = _threads_at_each_batch(Collector, ParallelEnv)
+        theirs = _threads_at_each_batch(kind, ours=False)
+        torch.set_num_threads(2)
+        ours = _threads_at_each_batch(kind, ours=True)
     finally:
         torch.set_num_threads(before)
-    assert theirs_closed and ours_closed
     assert ours == theirs, (ours, theirs)
+    assert ours[1]
