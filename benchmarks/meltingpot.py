@@ -18,7 +18,7 @@ substrates lasts 500-1,600 steps, so few rounds hold an episode's end. A frame i
 - ``rollout``: ``env.rollout(steps, break_when_any_done=False, auto_reset=False, tensordict=td)``, going on;
 - ``Collector``: ``Collector(env, None, frames_per_batch=steps * W * K)``, batches timed;
 - ``MultiSyncCollector``: ``MultiSyncCollector([make] * W, None, ...)`` (a worker's env: K envs in a SerialEnv);
-- ``TorchRL ParallelEnv + MeltingpotEnv`` (step loop).
+- ``TorchRL ParallelEnv + MeltingpotEnv``: its step loop and its ``rollout`` (going on).
 
 ``rollout`` with its default reset (``env.rollout(steps)``) rebuilds every substrate first (MeltingPot's reset:
 0.3-1 s each); its row ``rollout, reset included`` is set against ``serial loop, reset included`` (each substrate
@@ -140,19 +140,26 @@ class Ceiling:
 
 
 class Row:
-    """One row: ``run(steps)`` steps every env ``steps`` times and returns the frames; ``close()``."""
+    """One row: ``run(steps)`` steps every env ``steps`` times and returns the frames; ``close()``. A row built for
+    rollouts or batches of ``chunk`` steps runs ``steps // chunk`` of them (``steps`` a multiple of ``chunk``)."""
 
     def __init__(self, run, close, frames_per_step: int):
         self.run_steps = run
         self.close = close
         self.frames_per_step = frames_per_step
+        self.chunk = None
 
     def run(self, steps: int) -> int:
-        self.run_steps(steps)
+        if self.chunk is None:
+            self.run_steps(steps)
+        else:
+            for _ in range(steps // self.chunk):
+                self.run_steps(self.chunk)
         return steps * self.frames_per_step
 
 
 def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
+    """The row's env(s); ``steps``: the length of one rollout or batch (a round may run several, see ``chunked``)."""
     n = workers * k
     if row in ("serial", "serial_reset"):
         envs = serial_envs(name, n)
@@ -170,11 +177,15 @@ def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
     if row == "ceiling":
         ceiling = Ceiling(name, workers, k, steps)
         return Row(lambda t: ceiling.run(), ceiling.close, n)
-    if row == "torchrl_loop":
+    if row in ("torchrl_loop", "torchrl_rollout"):
         from torchrl.envs import ParallelEnv as TorchRLParallelEnv
 
         env = TorchRLParallelEnv(n, wrapper_factory(name))
-        return _loop_row(env, n)
+        if row == "torchrl_loop":
+            return _loop_row(env, n)
+        first = env.reset()
+        return Row(lambda t: env.rollout(t, break_when_any_done=False, auto_reset=False, tensordict=first),
+                   env.close, n)
     form, road = row.split("_", 1)
     make = FACTORIES[form](name)
     if road == "multisync":
@@ -238,6 +249,7 @@ ROWS = {
     "wrapper_collector": "ours, MeltingpotEnv: Collector",
     "wrapper_multisync": "ours, MeltingpotEnv: MultiSyncCollector",
     "torchrl_loop": "TorchRL ParallelEnv + MeltingpotEnv: step loop",
+    "torchrl_rollout": "TorchRL ParallelEnv + MeltingpotEnv: rollout",
     "serial_reset": "serial loop, reset included",
     "native_rollout_reset": "ours, native factory: rollout, reset included",
 }
@@ -245,16 +257,20 @@ ROWS = {
 AGAINST_RESET = {"serial_reset", "native_rollout_reset"}
 
 
-def throughput(name: str, workers: int, k: int, steps: int, rounds: int, rows: list[str]) -> dict[str, list[float]]:
+def throughput(name: str, workers: int, k: int, steps: int, rounds: int, rows: list[str],
+               chunk: int | None = None) -> dict[str, list[float]]:
     """Frames/s of each row in each round. A row is built, warmed up (its first steps and page faults), timed and
     closed within its turn, so that no other row's processes share the cores while it runs (idle workers are not
-    free: TorchRL's poll); the order alternates between rounds."""
+    free: TorchRL's poll); the order alternates between rounds. ``chunk``: rollouts and batches of that many steps,
+    ``steps // chunk`` of them per round (default: one of ``steps``)."""
+    chunk = chunk or steps
     results: dict[str, list[float]] = {row: [] for row in rows}
     for r in range(rounds):
         for row in rows if r % 2 == 0 else list(reversed(rows)):
-            built = build_row(row, name, workers, k, steps)
+            built = build_row(row, name, workers, k, chunk)
+            built.chunk = chunk
             try:
-                built.run(steps)  # warm-up of the same length: a rollout's storage is made once, then recycled
+                built.run(chunk)  # warm-up of one chunk: a rollout's storage is made once, then recycled
                 start = time.perf_counter()
                 frames = built.run(steps)
                 results[row].append(frames / (time.perf_counter() - start))
@@ -333,7 +349,7 @@ def startup_table(name: str, workers: int, rounds: int) -> list[tuple[str, list[
 
 #: rows drawn in the README's plot (``benchmarks.plot_ratios``), under the systems' names there
 PLOT_SYSTEMS = {"native_rollout": "tdcollect_parallel", "native_loop": "tdcollect_step_loop",
-                "native_collector": "tdcollect_random_collector", "torchrl_loop": "torchrl_parallel"}
+                "native_collector": "tdcollect_random_collector", "torchrl_rollout": "torchrl_parallel"}
 ROUND_LINE = re.compile(r"^(\S+) (\d+)x(\d+) round \d+: (.*)$")
 
 
@@ -367,6 +383,8 @@ def main(argv=None) -> None:
     parser.add_argument("--substrates", nargs="+", default=["commons_harvest__open", "coins"])
     parser.add_argument("--layouts", nargs="+", default=["2x1", "2x2"])
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--chunk", type=int, help="steps per rollout or batch (default --steps): a long run of "
+                                                  "ordinary batches is --steps 1500 --chunk 150")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--startup-rounds", type=int, default=0)
@@ -389,7 +407,8 @@ def main(argv=None) -> None:
         for name in args.substrates:
             for layout in args.layouts:
                 workers, k = (int(part) for part in layout.split("x"))
-                runs[(name, workers, k)] = throughput(name, workers, k, args.steps, args.rounds, list(args.rows))
+                runs[(name, workers, k)] = throughput(name, workers, k, args.steps, args.rounds, list(args.rows),
+                                                     args.chunk)
                 print("\n".join(table(name, workers, k, runs[(name, workers, k)])), flush=True)
     for (name, workers, k), results in runs.items():
         lines += table(name, workers, k, results)
