@@ -372,7 +372,7 @@ def from_log(path: str) -> dict[tuple, dict[str, list[float]]]:
 def plot_records(name: str, workers: int, k: int, results: dict[str, list[float]]) -> list[dict]:
     """``benchmarks.plot_ratios``' records (``results.json`` of ``benchmarks.run``) of the rows it draws."""
     serial = float(np.median(results["serial"]))
-    return [{"system": system, "workload": f"meltingpot ({name})", "config_workers": workers,
+    return [{"system": system, "workload": f"meltingpot {name.split('_')[0]}", "config_workers": workers,
              "config_envs_per_worker": k, "steps_per_s": float(np.median(results[row])),
              "rounds_steps_per_s": results[row], "vs_serial": float(np.median(results[row])) / serial}
             for row, system in PLOT_SYSTEMS.items() if row in results]

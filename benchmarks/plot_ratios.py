@@ -1,7 +1,8 @@
 """Bar chart of ratios to the serial loop from one or more ``results.json`` files of ``benchmarks.run``.
 
     python -m benchmarks.plot_ratios benchmarks/results/real_workloads_2x4.json \
-        benchmarks/results/real_workloads_2x16.json --out benchmarks/results/real_workloads.png
+        benchmarks/results/real_workloads_2x16.json benchmarks/results/meltingpot.json \
+        --out benchmarks/results/real_workloads.png
 """
 from __future__ import annotations
 
