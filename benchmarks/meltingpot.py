@@ -119,16 +119,17 @@ class Ceiling:
                           for queue in self.go]
         for process in self.processes:
             process.start()
-        for _ in self.processes:
-            if not self.ready.acquire(timeout=300):
-                raise RuntimeError("a ceiling worker did not start")
+        self._from_every_worker(self.ready, "start")
 
     def run(self) -> None:
         for queue in self.go:
             queue.put(True)
+        self._from_every_worker(self.done, "finish")
+
+    def _from_every_worker(self, semaphore, what: str) -> None:
         for _ in self.processes:
-            if not self.done.acquire(timeout=300):
-                raise RuntimeError("a ceiling worker did not finish")
+            if not semaphore.acquire(timeout=300):
+                raise RuntimeError(f"a ceiling worker did not {what}")
 
     def close(self) -> None:
         for queue in self.go:
