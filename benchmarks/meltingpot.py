@@ -141,26 +141,23 @@ class Ceiling:
 
 
 class Row:
-    """One row: ``run(steps)`` steps every env ``steps`` times and returns the frames; ``close()``. A row built for
-    rollouts or batches of ``chunk`` steps runs ``steps // chunk`` of them (``steps`` a multiple of ``chunk``)."""
+    """One row, built for rollouts or batches of ``chunk`` steps of every env: ``run(steps)`` runs ``steps // chunk``
+    of them (``steps`` a multiple of ``chunk``) and returns the frames; ``close()``."""
 
-    def __init__(self, run, close, frames_per_step: int):
+    def __init__(self, run, close, frames_per_step: int, chunk: int):
         self.run_steps = run
         self.close = close
         self.frames_per_step = frames_per_step
-        self.chunk = None
+        self.chunk = chunk
 
     def run(self, steps: int) -> int:
-        if self.chunk is None:
-            self.run_steps(steps)
-        else:
-            for _ in range(steps // self.chunk):
-                self.run_steps(self.chunk)
+        for _ in range(steps // self.chunk):
+            self.run_steps(self.chunk)
         return steps * self.frames_per_step
 
 
 def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
-    """The row's env(s); ``steps``: the length of one rollout or batch (a round may run several, see ``chunked``)."""
+    """The row's env(s); ``steps``: the length of one rollout or batch (a round may run several, see ``Row``)."""
     n = workers * k
     if row in ("serial", "serial_reset"):
         envs = serial_envs(name, n)
@@ -174,19 +171,19 @@ def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
                     env.reset()
             step_serial(envs, t, rng)
 
-        return Row(run, lambda: [env.close() for env in envs], n)
+        return Row(run, lambda: [env.close() for env in envs], n, steps)
     if row == "ceiling":
         ceiling = Ceiling(name, workers, k, steps)
-        return Row(lambda t: ceiling.run(), ceiling.close, n)
+        return Row(lambda t: ceiling.run(), ceiling.close, n, steps)
     if row in ("torchrl_loop", "torchrl_rollout"):
         from torchrl.envs import ParallelEnv as TorchRLParallelEnv
 
         env = TorchRLParallelEnv(n, wrapper_factory(name))
         if row == "torchrl_loop":
-            return _loop_row(env, n)
+            return _loop_row(env, n, steps)
         first = env.reset()
         return Row(lambda t: env.rollout(t, break_when_any_done=False, auto_reset=False, tensordict=first),
-                   env.close, n)
+                   env.close, n, steps)
     form, road = row.split("_", 1)
     make = FACTORIES[form](name)
     if road == "multisync":
@@ -196,12 +193,12 @@ def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
         worker_env = make if k == 1 else (lambda: SerialEnv(k, make))
         collector = MultiSyncCollector([worker_env] * workers, None, frames_per_batch=steps * n, total_frames=-1)
         batches = iter(collector)
-        return Row(lambda t: next(batches), collector.shutdown, n)
+        return Row(lambda t: next(batches), collector.shutdown, n, steps)
     from tdcollect.envs import ParallelEnv
 
     env = ParallelEnv(workers, make, envs_per_worker=k)
     if road == "loop":
-        return _loop_row(env, n)
+        return _loop_row(env, n, steps)
     if road in ("rollout", "rollout_reset"):
         first = env.reset()
 
@@ -211,7 +208,7 @@ def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
             else:  # (the workers' envs go on from where they are; ``first`` is only step 0's recorded root)
                 env.rollout(t, break_when_any_done=False, auto_reset=False, tensordict=first)
 
-        return Row(roll, env.close, n)
+        return Row(roll, env.close, n, steps)
     if road == "collector":
         from tdcollect.collectors import Collector
 
@@ -222,11 +219,11 @@ def build_row(row: str, name: str, workers: int, k: int, steps: int) -> Row:
             collector.shutdown()
             env.close()
 
-        return Row(lambda t: next(batches), close, n)
+        return Row(lambda t: next(batches), close, n, steps)
     raise ValueError(row)
 
 
-def _loop_row(env, n: int) -> Row:
+def _loop_row(env, n: int, chunk: int) -> Row:
     state = {"td": env.reset()}
 
     def run(t):
@@ -235,7 +232,7 @@ def _loop_row(env, n: int) -> Row:
             _, td = env.step_and_maybe_reset(env.rand_action(td))
         state["td"] = td
 
-    return Row(run, env.close, n)
+    return Row(run, env.close, n, chunk)
 
 
 ROWS = {
@@ -269,7 +266,6 @@ def throughput(name: str, workers: int, k: int, steps: int, rounds: int, rows: l
     for r in range(rounds):
         for row in rows if r % 2 == 0 else list(reversed(rows)):
             built = build_row(row, name, workers, k, chunk)
-            built.chunk = chunk
             try:
                 built.run(chunk)  # warm-up of one chunk: a rollout's storage is made once, then recycled
                 start = time.perf_counter()
