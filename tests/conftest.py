@@ -1,8 +1,10 @@
 """Fixtures and helpers every test file may use: ``no_leaks`` (no child process and no /dev/shm entry of ours
-left behind), ``unrelated_shm`` (other programs' /dev/shm entries, for the leak checks to ignore), and
+left behind), ``unrelated_shm`` (other programs' /dev/shm entries, for the leak checks to ignore), ``ctrl_c_raises``
+(Ctrl-C is a ``KeyboardInterrupt`` in this process, however the test run was started), and
 ``live_children``, ``wait_gone``, ``our_semaphores``, ``our_shm_entries`` (what a process tree of ours holds)."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,18 @@ import psutil
 import pytest
 
 _SERVICE_PROCESSES = ("resource_tracker", "forkserver")
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Make Ctrl-C (SIGINT, or ``_thread.interrupt_main()``) a ``KeyboardInterrupt`` in this process for the test,
+    as in an interactive session. Python turns SIGINT into ``KeyboardInterrupt`` only if SIGINT was not ignored
+    when it started, and a shell without job control (a script's ``pytest ... &``, ``nohup``) starts background
+    jobs with SIGINT ignored: there ``_thread.interrupt_main()`` does nothing and a test that waits for the
+    interrupt waits for ever."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def live_children(process: psutil.Process | None = None) -> list[psutil.Process]:

@@ -228,15 +228,6 @@ def test_the_callers_torch_threads(face, no_leaks):
 
 
 # ----------------------------------------------------------------- Ctrl-C, the main process killed
-@pytest.fixture
-def ctrl_c_raises():
-    """Python turns SIGINT into KeyboardInterrupt only if SIGINT was not ignored when it started (a shell
-    starts background jobs with SIGINT ignored); make it so for the test, as in an interactive session."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def _interrupt_main_thread_after(seconds: float) -> threading.Timer:
     timer = threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     timer.start()

@@ -227,7 +227,7 @@ def step_with(env, actions) -> torch.Tensor:
     return env.step(td)["next", "observation"]
 
 
-def test_an_interrupt_a_worker_exception_and_a_killed_worker_reach_this_process():
+def test_an_interrupt_a_worker_exception_and_a_killed_worker_reach_this_process(ctrl_c_raises):
     env = ParallelEnv(2, FaultEnv, mp_start_method=START, spin_s=0)
     try:
         timer = threading.Timer(1.0, _thread.interrupt_main)  # Ctrl-C, as the main thread receives it
