@@ -112,7 +112,8 @@ def _laid_out(bound: inspect.BoundArguments, layout: str, cores: int) -> tuple[t
         named["create_env_fn"] = fn[0]
     if isinstance(fn_kwargs, Sequence):
         named["create_env_kwargs"] = fn_kwargs[0]
-    return (), {**named, **extra, "envs_per_worker": per_worker}
+    # (this process' torch threads: lowered by the script's count of workers, as TorchRL's ParallelEnv lowers them)
+    return (), {**named, **extra, "envs_per_worker": per_worker, "counted_workers": num_workers}
 
 
 def swapped_class(name: str, ours: type, theirs: type, layout: str, cores: int) -> type:

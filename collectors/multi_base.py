@@ -395,14 +395,16 @@ class ProcessCollector(WorkerCalls, CollectorBase):
 
 def counted_workers(create_env_fn, num_workers: int) -> int:
     """The workers TorchRL's process collectors count for this process' torch threads: one per constructor, a
-    ``ParallelEnv`` instance (TorchRL's, or ours in its place) counting its own workers."""
+    ``ParallelEnv`` instance (TorchRL's, or ours in its place) counting its own workers (ours: those it counts for
+    the torch threads, TorchRL's count under ``tdcollect run``'s layout)."""
     from torchrl.envs import ParallelEnv as TorchRLParallelEnv
 
     from tdcollect.envs.parallel import ParallelEnv
 
     if not isinstance(create_env_fn, (list, tuple)):
         create_env_fn = [create_env_fn] * num_workers
-    return sum(fn.num_workers if isinstance(fn, (TorchRLParallelEnv, ParallelEnv)) else 1 for fn in create_env_fn)
+    return sum(fn.counted_workers if isinstance(fn, ParallelEnv) else fn.num_workers
+               if isinstance(fn, TorchRLParallelEnv) else 1 for fn in create_env_fn)
 
 
 def packed_hooks(options) -> bytes:

@@ -66,6 +66,11 @@ class ParallelEnv(BatchedEnv):
             from the shared CPU buffers, where the envs step (``BatchedEnv.to``).
         owner: who this env is in messages, errors and worker process names (default: the class name; the
             gymnasium and SB3 faces pass theirs).
+        counted_workers: the workers this process' torch threads are lowered by while the env runs (default:
+            ``num_workers``, as TorchRL's ``ParallelEnv``). ``tdcollect run`` passes a script's
+            ``ParallelEnv(N, ...)`` count here when it lays the N envs out over fewer workers: the script's main
+            process runs TorchRL's threads, so its own computations (a policy, a loss) give TorchRL's numbers on
+            any number of cores.
         worker_transform: a TorchRL ``Transform`` (or a function returning one) that each worker runs on its
             ``[envs_per_worker]`` envs right after they step: the data of ``TransformedEnv(ParallelEnv(...),
             transform)``, with the per-frame work in the workers (see ``worker_transforms.py``; the specs are the
@@ -113,6 +118,7 @@ class ParallelEnv(BatchedEnv):
         shutdown_timeout: float = 2.0,
         owner: str | None = None,
         worker_transform=None,
+        counted_workers: int | None = None,
         **torchrl_options,
     ):
         exit_if_bootstrapping()
@@ -121,7 +127,8 @@ class ParallelEnv(BatchedEnv):
         fns, kwargs = constructors_and_kwargs(create_env_fn, num_workers, create_env_kwargs, owner, "num_workers")
         if not isinstance(envs_per_worker, int) or envs_per_worker < 1:
             raise ArgumentError(f"ParallelEnv needs envs_per_worker >= 1 (an int), got {envs_per_worker!r}.")
-        for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads)):
+        for name, value in (("num_threads", num_threads), ("num_sub_threads", num_sub_threads),
+                            ("counted_workers", counted_workers)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ArgumentError(f"{owner}: {name} must be an int >= 1, got {value!r}.")
         method = resolve_start_method(mp_start_method)
@@ -131,12 +138,14 @@ class ParallelEnv(BatchedEnv):
                                mp_start_method=mp_start_method, timeout=timeout, check_actions=check_actions,
                                check_values=check_values, max_restarts=max_restarts, spin_s=spin_s, device=device,
                                num_threads=num_threads, num_sub_threads=num_sub_threads, daemon=daemon,
-                               shutdown_timeout=shutdown_timeout, owner=owner, **torchrl_options)
+                               shutdown_timeout=shutdown_timeout, owner=owner, counted_workers=counted_workers,
+                               **torchrl_options)
         self.__dict__["worker_transform"] = worker_transform  # as given; not a submodule of this env (EnvBase is one)
         self._wrap = None if worker_transform is None else WorkerTransform(worker_transform, owner)
         self.create_env_fn = fns
         self.create_env_kwargs = kwargs
         self.num_workers = num_workers
+        self.counted_workers = counted_workers or num_workers
         self.envs_per_worker = envs_per_worker
         self.start_method = self._mp_start_method = method
         self.timeout = float(timeout)
@@ -199,7 +208,7 @@ class ParallelEnv(BatchedEnv):
         self._reset_mask = self._handshake.reset_tensor.numpy().reshape(-1)  # one flag per element
         self._step_mask = self._handshake.step_tensor.numpy()
         if self.num_threads or self.adjusts_caller_threads:
-            CALLER_THREADS.take(self, self.num_workers, self.num_threads)
+            CALLER_THREADS.take(self, self.counted_workers, self.num_threads)
 
     @property
     def spin_s(self) -> float:

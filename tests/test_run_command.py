@@ -344,6 +344,42 @@ def test_the_layout_line_and_the_asked_layout(tmp_path, no_leaks):
         assert f"ParallelEnv(4, ...) laid out as {workers} workers x {per_worker} envs" in machine.stderr
 
 
+def test_a_laid_out_parallel_env_leaves_the_script_torchrls_threads(tmp_path, no_leaks):
+    """Laid out over fewer workers (the machine's cores decide how many), a script's ``ParallelEnv(N, ...)`` lowers
+    the main process' torch threads by N, as TorchRL's does: the script's own computations run on TorchRL's threads
+    (and so give its numbers) on any number of cores. Forced each way: N prime and above the cores (one worker of
+    N envs), and N within the cores (N workers, not laid out). (After ``close()`` the threads differ from TorchRL's
+    when a script raised them after importing TorchRL: ours go back to the count before the env started, TorchRL's
+    to at most the count at its import.)"""
+    cores = len(psutil.Process().cpu_affinity())
+    above = next(n for n in range(cores + 1, 4 * cores + 4) if all(n % d for d in range(2, n)))
+    source = f"""
+        import functools
+
+        import torch
+        from torchrl.envs import GymEnv, ParallelEnv
+
+        if __name__ == "__main__":
+            for n in ({above}, {min(2, cores)}):
+                torch.set_num_threads({above} + 3)
+                env = ParallelEnv(n, functools.partial(GymEnv, "CartPole-v1"))
+                env.rollout(2)  # (TorchRL's starts its workers, and lowers the threads, here)
+                print(n, env.num_workers, torch.get_num_threads())
+                env.close()
+    """
+    script = tmp_path / "threads.py"
+    script.write_text(textwrap.dedent(source))
+    shipped = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert shipped.returncode == 0, shipped.stderr[-3000:]
+    machine = tdcollect_run(tmp_path, source)
+    assert machine.returncode == 0, machine.stderr[-3000:]
+    assert f"ParallelEnv({above}, ...) laid out as 1 workers x {above} envs" in machine.stderr
+    theirs = [line.split() for line in shipped.stdout.splitlines()]
+    ours = [line.split() for line in machine.stdout.splitlines()]
+    assert [row[2] for row in ours] == [row[2] for row in theirs] == ["3", str(above + 3 - min(2, cores))]
+    assert ours[0][1] == "1"  # (laid out: one worker)
+
+
 def test_machine_layout_rule():
     make = object()
     assert swap.machine_layout(8, make, None, 2) == (2, 4)
