@@ -78,6 +78,12 @@ class TorchRLStepper:
         self._env_index = views.first_index + index
         self._root_shapes = [_expected(self._root.get(key), key) for key in self._root_keys]
         self._next_shapes = [_expected(self._next.get(key), key) for key in self._next_keys]
+        #: the buffer leaves each output is copied into, in the order of the keys (None: entries of other shapes per
+        #: agent, lazily stacked, which have no one leaf: written by key)
+        self._root_leaves = _leaves(self._root, self._root_keys)
+        self._next_leaves = _leaves(self._next, self._next_keys)
+        self._action_leaves = _leaves(self._action, list(self._action.keys(True, True)))
+        self._action_keys = list(self._action.keys(True, True))
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the env now (TorchRL's ``set_seed``); returns the seed for the next env."""
@@ -98,8 +104,7 @@ class TorchRLStepper:
         """A reset's output (all elements, or some with the others as they were): checked, written into the root
         row, its non-tensor entries kept."""
         self._state = state
-        self._check(self._state, self._root_shapes, "reset()")
-        _write(self._root, self._state.select(*self._root_keys))
+        self._take(state, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
         self._keep_objects(None)
 
     def reset_elements(self, mask: np.ndarray) -> None:
@@ -118,14 +123,30 @@ class TorchRLStepper:
     def step(self) -> None:
         if self._state is None:  # stepped before any reset: the env starts from what the root buffer holds
             self._state = self._root.clone()
-        state = self._state.update(self._action.clone())
+        state = self._state
+        if self._action_leaves is None:
+            state.update(self._action.clone())
+        else:  # (the actions the env keeps are its own: the buffers change at the next step)
+            for key, leaf in zip(self._action_keys, self._action_leaves):
+                state.set(key, leaf.clone())
         stepped, self._state = self.env.step_and_maybe_reset(state)
         stepped_next = stepped.get("next")
-        self._check(stepped_next, self._next_shapes, "step()")
-        self._check(self._state, self._root_shapes, "reset()")
-        _write(self._next, stepped_next.select(*self._next_keys))
-        _write(self._root, self._state.select(*self._root_keys))
+        self._take(stepped_next, self._next, self._next_keys, self._next_shapes, self._next_leaves, "step()")
+        self._take(self._state, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
         self._keep_objects(stepped_next)
+
+    def _take(self, td: TensorDictBase, buffers: TensorDictBase, keys: list, shapes: list, leaves: list | None,
+              call: str) -> None:
+        """Check ``td``'s entries ``keys`` (shapes, and values the buffers' dtypes can hold) and copy them into
+        ``buffers`` (their ``leaves``, in the order of ``keys``: one copy call; by key when an entry has no one leaf
+        or is missing, which ``select`` reports)."""
+        values = [td.get(key, None) for key in keys]
+        check_values(values, shapes, self._env_index, call)
+        if leaves is None or any(value is None for value in values):
+            _write(buffers, td.select(*keys))
+            return
+        with torch.no_grad():
+            torch._foreach_copy_(leaves, values)
 
     def _keep_objects(self, stepped_next) -> None:
         if self.has_objects:
@@ -145,8 +166,13 @@ def check_entries(td: TensorDictBase, shapes: list, env_index: int, call: str) -
     """A ``ValueError`` naming the env, the call and the key when an entry of ``td`` (a TorchRL env's output) has
     another shape than ``shapes`` say (``(key, shape, dtype, guard)`` each, see :func:`expected_entries`), or a value
     their dtype cannot hold; entries absent from ``td`` are skipped."""
-    for key, expected, dtype, guard in shapes:
-        value = td.get(key, None)
+    check_values([td.get(key, None) for key, *_ in shapes], shapes, env_index, call)
+
+
+def check_values(values: list, shapes: list, env_index: int, call: str) -> None:
+    """:func:`check_entries` on the entries already taken from an output (``values``, in the order of ``shapes``;
+    None: absent, skipped)."""
+    for value, (key, expected, dtype, guard) in zip(values, shapes):
         if value is None:
             continue
         if value.shape != expected:
@@ -181,6 +207,15 @@ _TORCHRL_SHAPE_HINT = ("make _reset() and _step() return tensors of exactly the 
                        "(full_observation_spec, full_reward_spec, full_done_spec), or declare the shapes they return")
 _TORCHRL_VALUE_HINT = ("make _reset() and _step() return tensors of the dtypes its specs declare, or values that "
                        "fit them")
+
+
+def _leaves(buffers: TensorDictBase, keys: list) -> list[torch.Tensor] | None:
+    """The leaves of ``buffers`` at ``keys``, in order; None when one of them has no one leaf (entries of other
+    shapes per agent, lazily stacked)."""
+    try:
+        return [buffers.get(key) for key in keys]
+    except RuntimeError:
+        return None
 
 
 def _write(buffers: TensorDictBase, values: TensorDictBase) -> None:
