@@ -4,7 +4,7 @@ exits 0 under the command (see ``cli/progress.py``).
 
 The scripts (``tests/seeded_scripts/``): one env; a ``ParallelEnv`` of 4 envs, which the command lays out as 2
 workers x 2 envs (the command runs on 2 cores here, its affinity); ``init_random_frames`` and exploration noise over
-a ``ParallelEnv`` of 2 envs."""
+a ``ParallelEnv`` of 2 envs; a DDPG-shaped script (``ddpg_shaped.py``), also written with tdcollect's classes."""
 from __future__ import annotations
 
 import math
@@ -51,6 +51,36 @@ def test_a_seeded_script_logs_the_same_numbers_under_the_command(script, tmp_pat
     for name, text in as_shipped.items():
         assert under_command.get(name) == text, f"{script}: {name} as shipped:\n{text}\nunder the command:\n" \
                                                  f"{under_command.get(name)}"
+
+
+DDPG_SHAPED = SCRIPTS / "ddpg_shaped.py"
+
+
+def run_ddpg_shaped(log_dir: Path, command: bool, *arguments: str) -> subprocess.CompletedProcess:
+    prefix = ["-m", "tdcollect", "run"] if command else []
+    done = subprocess.run([sys.executable, *prefix, str(DDPG_SHAPED), str(log_dir), *arguments], capture_output=True,
+                          text=True, timeout=300, cwd=DDPG_SHAPED.parent, preexec_fn=two_cores if command else None)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("envs", ["1", "4"])
+def test_a_ddpg_shaped_script_logs_the_same_numbers_under_the_command_and_with_our_classes(envs, tmp_path, no_leaks):
+    """Item 1's shape (a seeded env, random frames first, then Ornstein-Uhlenbeck noise, replay-buffer sampling,
+    DDPG losses, TorchRL's CSV logger, no ``collector.set_seed``): as shipped, under ``tdcollect run`` (4 envs: laid
+    out as 2 workers x 2 envs) and written with tdcollect's classes directly, the same files byte for byte.
+    (``benchmarks/same_numbers.py`` runs it again and again beside CPU hogs.)"""
+    run_ddpg_shaped(tmp_path / "shipped", False, envs)
+    ours = run_ddpg_shaped(tmp_path / "ours", True, envs)
+    if envs == "4":
+        assert "ParallelEnv(4, ...) laid out as 2 workers x 2 envs" in ours.stderr
+    run_ddpg_shaped(tmp_path / "classes", False, envs, "--ours")
+    as_shipped = logged(tmp_path / "shipped")
+    assert sorted(as_shipped) == ["loss_actor", "loss_value", "reward"], as_shipped
+    assert all(text.count("\n") >= 4 for text in as_shipped.values()), as_shipped
+    for kind in ("ours", "classes"):
+        assert logged(tmp_path / kind) == as_shipped, f"{kind}: {logged(tmp_path / kind)}\nshipped: {as_shipped}"
 
 
 RATE_SCRIPT = """
