@@ -8,6 +8,8 @@
   line per system, one subplot per (workload, envs per worker).
 * :func:`measure_startup` - start-up time of any vec-env / collector and
   the resident memory of the worker processes it spawned.
+* :func:`print_and_save` - a report's lines printed, and written to a
+  markdown file when one is asked for.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ _HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver")
 
 
 # ------------------------------------------------------------------ tables
+def print_and_save(lines: list[str], path: Path | None) -> None:
+    """Print ``lines``; write them to ``path`` too (markdown) when it is given."""
+    text = "\n".join(lines)
+    print(text)
+    if path is not None:
+        Path(path).write_text(text + "\n")
+
+
 def _reference_rates(results: list[dict]) -> dict[tuple, float]:
     return {(r["workload"], r["num_envs"]): r["steps_per_s"]
             for r in results

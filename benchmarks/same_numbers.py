@@ -21,6 +21,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from .report import print_and_save
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "seeded_scripts" / "ddpg_shaped.py"
 #: (label, tdcollect run?, script arguments)
@@ -105,9 +107,7 @@ def main(argv=None) -> int:
     lines = [f"{args.hogs} CPU hogs beside every run; {time.monotonic() - began:.0f} s in all.", "",
              *table(outcomes, reference), "", "With the replay buffer's prefetch=3:", "",
              *table(prefetched, prefetch_reference)]
-    print("\n".join(lines))
-    if args.md:
-        args.md.write_text("\n".join(lines) + "\n")
+    print_and_save(lines, args.md)
     return 0
 
 
