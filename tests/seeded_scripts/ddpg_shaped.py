@@ -3,14 +3,15 @@ collector's random frames first (``init_random_frames``), then a deterministic a
 exploration noise; every batch goes into a replay buffer (memory-mapped storage) sampled for DDPG's actor and value
 losses with target networks; TorchRL's CSV logger logs the losses and rewards.
 
-    python ddpg_shaped.py LOG_DIR [ENVS] [--ours] [--prefetch N]
+    python ddpg_shaped.py LOG_DIR [ENVS] [--ours] [--prefetch N] [--updates N]
 
 ``ENVS`` (default 1): 1 is ``ParallelEnv(1, ..., serial_for_single=True)`` (as TorchRL's ``ddpg.py``); 4 is
 ``ParallelEnv(4, ...)``, which ``tdcollect run`` lays out as 2 workers x 2 envs on 2 cores. ``--ours``: the same
 loop with tdcollect's classes imported directly (4 envs: ``ParallelEnv(2, ..., envs_per_worker=2)``).
 ``--prefetch N``: the replay buffer samples N batches ahead in threads (TorchRL's ``ddpg.py`` asks for 3): those
 threads draw the sample indices from torch's global generator in the order the OS runs them, so the numbers then
-depend on the machine's load with TorchRL's own classes too (``benchmarks/same_numbers.py`` measures it)."""
+depend on the machine's load with TorchRL's own classes too (``benchmarks/same_numbers.py`` measures it, with more
+updates per batch: ``--updates``, default 16)."""
 import argparse
 import functools
 
@@ -52,7 +53,7 @@ def batched_env(parallel_env, envs: int, ours: bool):
     return parallel_env(envs, functools.partial(GymEnv, "Pendulum-v1"))
 
 
-def main(log_dir: str, envs: int, ours: bool, prefetch: int) -> None:
+def main(log_dir: str, envs: int, ours: bool, prefetch: int, updates: int = UPDATES_PER_BATCH) -> None:
     parallel_env, collector_class = classes(ours)
     torch.manual_seed(0)
     env = batched_env(parallel_env, envs, ours)
@@ -79,7 +80,7 @@ def main(log_dir: str, envs: int, ours: bool, prefetch: int) -> None:
         if frames < INIT_RANDOM_FRAMES:
             continue
         actor_losses, value_losses = [], []
-        for _ in range(UPDATES_PER_BATCH):
+        for _ in range(updates):
             losses = loss(buffer.sample())
             optim.zero_grad()
             (losses["loss_actor"] + losses["loss_value"]).backward()
@@ -100,5 +101,6 @@ if __name__ == "__main__":
     parser.add_argument("envs", nargs="?", type=int, default=1, choices=[1, 4])
     parser.add_argument("--ours", action="store_true")
     parser.add_argument("--prefetch", type=int, default=0)
+    parser.add_argument("--updates", type=int, default=UPDATES_PER_BATCH)
     args = parser.parse_args()
-    main(args.log_dir, args.envs, args.ours, args.prefetch)
+    main(args.log_dir, args.envs, args.ours, args.prefetch, args.updates)
