@@ -3,8 +3,8 @@ TorchRL script: random frames first, Ornstein-Uhlenbeck noise, replay-buffer sam
 logger, no ``collector.set_seed``) run again and again beside CPU hogs, as shipped, under ``tdcollect run`` and
 written with tdcollect's classes directly, one env and 4 envs (2 workers x 2 envs under the command on 2 cores); each
 run's logs compared byte for byte with the first shipped run's. Then the same script with the replay buffer's
-``prefetch=3`` (as TorchRL's ``ddpg.py``) and 50 updates per batch, shipped and under the command: the outcomes it
-logs.
+``prefetch=3`` (as TorchRL's ``ddpg.py``), 50 updates per batch and 2,400 frames, shipped and under the command: the
+outcomes it logs.
 
     python -m benchmarks.same_numbers [--rounds 20] [--hogs 2] [--prefetch-rounds 10] [--md out.md]
 
@@ -36,8 +36,8 @@ KINDS = [
     ("tdcollect's classes, 2 x 2", False, ["4", "--ours"]),
 ]
 PREFETCH_KINDS = [
-    ("shipped, prefetch=3", False, ["1", "--prefetch", "3", "--updates", "50"]),
-    ("tdcollect run, prefetch=3", True, ["1", "--prefetch", "3", "--updates", "50"]),
+    ("shipped, prefetch=3", False, ["1", "--prefetch", "3", "--updates", "50", "--total-frames", "2400"]),
+    ("tdcollect run, prefetch=3", True, ["1", "--prefetch", "3", "--updates", "50", "--total-frames", "2400"]),
 ]
 
 
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
             hog.kill()
     main_table = [*table(outcomes, reference), ""] if outcomes else []
     lines = [f"{args.hogs} CPU hogs beside every run; {time.monotonic() - began:.0f} s in all.", "", *main_table,
-             "With the replay buffer's prefetch=3 and 50 updates per batch:", "",
+             "With the replay buffer's prefetch=3, 50 updates per batch, 2,400 frames:", "",
              *table(prefetched, prefetch_reference)]
     print_and_save(lines, args.md)
     return 0

@@ -3,7 +3,7 @@ collector's random frames first (``init_random_frames``), then a deterministic a
 exploration noise; every batch goes into a replay buffer (memory-mapped storage) sampled for DDPG's actor and value
 losses with target networks; TorchRL's CSV logger logs the losses and rewards.
 
-    python ddpg_shaped.py LOG_DIR [ENVS] [--ours] [--prefetch N] [--updates N]
+    python ddpg_shaped.py LOG_DIR [ENVS] [--ours] [--prefetch N] [--updates N] [--total-frames N]
 
 ``ENVS`` (default 1): 1 is ``ParallelEnv(1, ..., serial_for_single=True)`` (as TorchRL's ``ddpg.py``); 4 is
 ``ParallelEnv(4, ...)``, which ``tdcollect run`` lays out as 2 workers x 2 envs on 2 cores. ``--ours``: the same
@@ -11,7 +11,7 @@ loop with tdcollect's classes imported directly (4 envs: ``ParallelEnv(2, ..., e
 ``--prefetch N``: the replay buffer samples N batches ahead in threads (TorchRL's ``ddpg.py`` asks for 3): those
 threads draw the sample indices from torch's global generator in the order the OS runs them, so the numbers then
 depend on the machine's load with TorchRL's own classes too (``benchmarks/same_numbers.py`` measures it, with more
-updates per batch: ``--updates``, default 16)."""
+updates per batch and more batches: ``--updates``, default 16, ``--total-frames``, default 1,200)."""
 import argparse
 import functools
 
@@ -53,7 +53,8 @@ def batched_env(parallel_env, envs: int, ours: bool):
     return parallel_env(envs, functools.partial(GymEnv, "Pendulum-v1"))
 
 
-def main(log_dir: str, envs: int, ours: bool, prefetch: int, updates: int = UPDATES_PER_BATCH) -> None:
+def main(log_dir: str, envs: int, ours: bool, prefetch: int, updates: int = UPDATES_PER_BATCH,
+         total_frames: int = TOTAL_FRAMES) -> None:
     parallel_env, collector_class = classes(ours)
     torch.manual_seed(0)
     env = batched_env(parallel_env, envs, ours)
@@ -65,7 +66,7 @@ def main(log_dir: str, envs: int, ours: bool, prefetch: int, updates: int = UPDA
         TanhModule(in_keys=["param"], out_keys=["action"], spec=spec))
     value = ValueOperator(MLP(in_features=4, out_features=1, num_cells=[64]), in_keys=["observation", "action"])
     explore = TensorDictSequential(actor, OrnsteinUhlenbeckProcessModule(spec=spec, annealing_num_steps=1000))
-    collector = collector_class(env, explore, frames_per_batch=FRAMES_PER_BATCH, total_frames=TOTAL_FRAMES,
+    collector = collector_class(env, explore, frames_per_batch=FRAMES_PER_BATCH, total_frames=total_frames,
                                 init_random_frames=INIT_RANDOM_FRAMES)
     buffer = TensorDictReplayBuffer(storage=LazyMemmapStorage(10_000), batch_size=64, prefetch=prefetch or None)
     loss = DDPGLoss(actor, value, loss_function="l2", delay_actor=True, delay_value=True)
@@ -102,5 +103,6 @@ if __name__ == "__main__":
     parser.add_argument("--ours", action="store_true")
     parser.add_argument("--prefetch", type=int, default=0)
     parser.add_argument("--updates", type=int, default=UPDATES_PER_BATCH)
+    parser.add_argument("--total-frames", type=int, default=TOTAL_FRAMES)
     args = parser.parse_args()
-    main(args.log_dir, args.envs, args.ours, args.prefetch, args.updates)
+    main(args.log_dir, args.envs, args.ours, args.prefetch, args.updates, args.total_frames)
