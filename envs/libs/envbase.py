@@ -82,8 +82,8 @@ class TorchRLStepper:
         #: agent, lazily stacked, which have no one leaf: written by key)
         self._root_leaves = _leaves(self._root, self._root_keys)
         self._next_leaves = _leaves(self._next, self._next_keys)
-        self._action_leaves = _leaves(self._action, list(self._action.keys(True, True)))
         self._action_keys = list(self._action.keys(True, True))
+        self._action_leaves = _leaves(self._action, self._action_keys)
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the env now (TorchRL's ``set_seed``); returns the seed for the next env."""
