@@ -57,13 +57,18 @@ def same(a, b) -> bool:
     return a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.fixture(scope="module")
+def reference() -> list[dict]:
+    """The steps with the defaults here (blocking, plain outputs), once for every case."""
+    return seeded_steps(0.0, None, False)
+
+
 @pytest.mark.parametrize("spin_s, min_bytes, hold", [
     (0.002, None, False),  # polling, plain outputs
     (0.0, 1, False),  # blocking; frames in slots, each reused once let go
     (0.0, 1, True),  # every step held: the slots run out and the frames are copied
     (0.0, 1 << 62, False),  # nothing recycled: fresh memory for every output
 ])
-def test_waits_and_output_memory_leave_the_data_alone(spin_s, min_bytes, hold, no_leaks):
-    reference = seeded_steps(0.0, None, False)
+def test_waits_and_output_memory_leave_the_data_alone(spin_s, min_bytes, hold, reference, no_leaks):
     assert len({tuple(step["next"]["pixels"].flatten()[:8].tolist()) for step in reference}) > 1  # (frames move)
     assert same(seeded_steps(spin_s, min_bytes, hold), reference)

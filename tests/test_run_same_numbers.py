@@ -25,10 +25,10 @@ def two_cores() -> None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 
 
-def run(script: Path, log_dir: Path, command: bool) -> subprocess.CompletedProcess:
+def run(script: Path, log_dir: Path, command: bool, *arguments: str) -> subprocess.CompletedProcess:
     prefix = ["-m", "tdcollect", "run"] if command else []
-    done = subprocess.run([sys.executable, *prefix, str(script), str(log_dir)], capture_output=True, text=True,
-                          timeout=300, cwd=script.parent, preexec_fn=two_cores if command else None)
+    done = subprocess.run([sys.executable, *prefix, str(script), str(log_dir), *arguments], capture_output=True,
+                          text=True, timeout=300, cwd=script.parent, preexec_fn=two_cores if command else None)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -56,14 +56,6 @@ def test_a_seeded_script_logs_the_same_numbers_under_the_command(script, tmp_pat
 DDPG_SHAPED = SCRIPTS / "ddpg_shaped.py"
 
 
-def run_ddpg_shaped(log_dir: Path, command: bool, *arguments: str) -> subprocess.CompletedProcess:
-    prefix = ["-m", "tdcollect", "run"] if command else []
-    done = subprocess.run([sys.executable, *prefix, str(DDPG_SHAPED), str(log_dir), *arguments], capture_output=True,
-                          text=True, timeout=300, cwd=DDPG_SHAPED.parent, preexec_fn=two_cores if command else None)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("envs", ["1", "4"])
 def test_a_ddpg_shaped_script_logs_the_same_numbers_under_the_command_and_with_our_classes(envs, tmp_path, no_leaks):
@@ -71,11 +63,11 @@ def test_a_ddpg_shaped_script_logs_the_same_numbers_under_the_command_and_with_o
     DDPG losses, TorchRL's CSV logger, no ``collector.set_seed``): as shipped, under ``tdcollect run`` (4 envs: laid
     out as 2 workers x 2 envs) and written with tdcollect's classes directly, the same files byte for byte.
     (``benchmarks/same_numbers.py`` runs it again and again beside CPU hogs.)"""
-    run_ddpg_shaped(tmp_path / "shipped", False, envs)
-    ours = run_ddpg_shaped(tmp_path / "ours", True, envs)
+    run(DDPG_SHAPED, tmp_path / "shipped", False, envs)
+    ours = run(DDPG_SHAPED, tmp_path / "ours", True, envs)
     if envs == "4":
         assert "ParallelEnv(4, ...) laid out as 2 workers x 2 envs" in ours.stderr
-    run_ddpg_shaped(tmp_path / "classes", False, envs, "--ours")
+    run(DDPG_SHAPED, tmp_path / "classes", False, envs, "--ours")
     as_shipped = logged(tmp_path / "shipped")
     assert sorted(as_shipped) == ["loss_actor", "loss_value", "reward"], as_shipped
     assert all(text.count("\n") >= 4 for text in as_shipped.values()), as_shipped
