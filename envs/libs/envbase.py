@@ -7,6 +7,7 @@ env's ``EnvBase`` API. An ``EnvBase`` is seeded at once through its own ``set_se
 """
 from __future__ import annotations
 
+import inspect
 import logging
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs import Compose, EnvBase, Transform, TransformedEnv
 
-from ..engine.shared import BufferViews, EnvSpecs, key_tuple
+from ..engine.shared import BufferViews, EnvSpecs, entries_at, key_tuple
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue, Guard, broadcast_error, value_error
 
@@ -84,6 +85,18 @@ class TorchRLStepper:
         self._next_leaves = _leaves(self._next, self._next_keys)
         self._action_keys = list(self._action.keys(True, True))
         self._action_leaves = _leaves(self._action, self._action_keys)
+        done_keys = {key_tuple(key) for key in self.env.done_keys}
+        #: whether the env is stepped through :meth:`_step_lean` (its class keeps EnvBase's step, every output has
+        #: one leaf); then the done flags of its next row (numpy views), the "_reset" entries maybe_reset looks at,
+        #: and where each root entry is among the step's outputs (None: a root entry that is not one)
+        self._next_tuples = [key_tuple(key) for key in self._next_keys]
+        done_indices = [index for index, key in enumerate(self._next_tuples) if key in done_keys]
+        self._reset_tuples = [key_tuple(key) for key in self.env.reset_keys]
+        self._lean = (keeps_envbase_step(self.env) and self._next_leaves is not None
+                      and self._root_leaves is not None and len(done_indices) == len(done_keys))
+        if self._lean:
+            self._done_flags = [self._next_leaves[index].numpy() for index in done_indices]
+            self._root_in_next = _positions(self._root_keys, self._root_shapes, self._next_keys, self._next_shapes)
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the env now (TorchRL's ``set_seed``); returns the seed for the next env."""
@@ -129,18 +142,67 @@ class TorchRLStepper:
         else:  # (the actions the env keeps are its own: the buffers change at the next step)
             for key, leaf in zip(self._action_keys, self._action_leaves):
                 state.set(key, leaf.clone())
+        if self._lean and self._lean_now(state):
+            self._step_lean(state)
+            return
         stepped, self._state = self.env.step_and_maybe_reset(state)
         stepped_next = stepped.get("next")
         self._take(stepped_next, self._next, self._next_keys, self._next_shapes, self._next_leaves, "step()")
         self._take(self._state, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
         self._keep_objects(stepped_next)
 
+    def _lean_now(self, state: TensorDictBase) -> bool:
+        """Whether :meth:`_step_lean` does what the env's ``step_and_maybe_reset`` would with ``state`` now: none of
+        ``EnvBase``'s rarer roads (a compiled step, native autoreset, post-step-MDP hooks, a device move, a partial
+        step, preset next values) is taken."""
+        env = self.env
+        return (env.__dict__.get("_compiled_step_and_maybe_reset") is None
+                and not env.__dict__.get("_torchrl_native_autoreset", False)
+                and env._post_step_mdp_hooks is None
+                and state.device == env.device
+                and "_step" not in state.keys()
+                and "next" not in state.keys())
+
+    def _step_lean(self, state: TensorDictBase) -> None:
+        """The env's ``step_and_maybe_reset(state)`` for a class that keeps ``EnvBase``'s (:func:`keeps_envbase_step`),
+        its outputs written into the buffers, without the work that changes nothing on outputs as complete as the
+        specs: ``_step_proc_data`` (reward reshaping, missing done flags, type checks) runs only when an output is
+        missing or of another shape, or type checks are on; ``maybe_reset`` only when a done flag is set or the
+        next root holds a ``"_reset"`` entry (``any_done`` is otherwise False and leaves the root as it was). Where
+        no env was reset, the next root's entries are the step's (``step_mdp`` moves them): they are copied from
+        the step's outputs, checked once."""
+        env = self.env
+        env._assert_tensordict_shape(state)
+        stepped_next = env._step(state)
+        values = entries_at(stepped_next, self._next_tuples)
+        if env.run_type_checks or not _as_specs_say(values, self._next_shapes):
+            stepped_next = env._step_proc_data(stepped_next)
+            values = entries_at(stepped_next, self._next_tuples)
+        self._copy(values, stepped_next, self._next, self._next_keys, self._next_shapes, self._next_leaves, "step()")
+        state.set("next", stepped_next)
+        following = env._step_mdp(state)
+        if (any(flags.any() for flags in self._done_flags)
+                or any(value is not None for value in entries_at(following, self._reset_tuples))):
+            following = env.maybe_reset(following)
+            self._take(following, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
+        elif self._root_in_next is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(self._root_leaves, [values[index] for index in self._root_in_next])
+        else:
+            self._take(following, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
+        self._state = following
+        self._keep_objects(stepped_next)
+
     def _take(self, td: TensorDictBase, buffers: TensorDictBase, keys: list, shapes: list, leaves: list | None,
               call: str) -> None:
-        """Check ``td``'s entries ``keys`` (shapes, and values the buffers' dtypes can hold) and copy them into
-        ``buffers`` (their ``leaves``, in the order of ``keys``: one copy call; by key when an entry has no one leaf
-        or is missing, which ``select`` reports)."""
-        values = [td.get(key, None) for key in keys]
+        """:meth:`_copy` of ``td``'s entries ``keys``."""
+        self._copy(entries_at(td, [key_tuple(key) for key in keys]), td, buffers, keys, shapes, leaves, call)
+
+    def _copy(self, values: list, td: TensorDictBase, buffers: TensorDictBase, keys: list, shapes: list,
+              leaves: list | None, call: str) -> None:
+        """Check ``values`` (``td``'s entries ``keys``: shapes, and values the buffers' dtypes can hold) and copy
+        them into ``buffers`` (their ``leaves``, in the order of ``keys``: one copy call; by key when an entry has
+        no one leaf or is missing, which ``select`` reports)."""
         check_values(values, shapes, self._env_index, call)
         if leaves is None or any(value is None for value in values):
             _write(buffers, td.select(*keys))
@@ -154,12 +216,44 @@ class TorchRLStepper:
                             "next": None if stepped_next is None else stepped_next.select(*self._next_objects,
                                                                                           strict=False)}
 
-    def _check(self, td, shapes: list, call: str) -> None:
-        check_entries(td, shapes, self._env_index, call)
-
     def close(self) -> None:
         # always called: a plain EnvBase subclass reports is_closed=True from its construction on
         self.env.close(raise_if_closed=False)
+
+
+#: the methods of a TorchRL env's step and reset-when-done (with its output processing)
+_ENVBASE_STEP = ("step_and_maybe_reset", "_step_and_maybe_reset", "step", "_step_proc_data", "_complete_done",
+                 "maybe_reset", "any_done", "_step_mdp")
+
+
+def keeps_envbase_step(env: EnvBase) -> bool:
+    """Whether ``env``'s class steps and resets-when-done as ``EnvBase`` does (none of those methods redefined, no
+    post-step-MDP hooks: TorchRL's ``TransformedEnv`` has its transforms'), so that
+    :meth:`TorchRLStepper._step_lean` is its ``step_and_maybe_reset``."""
+    cls = type(env)
+    if any(inspect.getattr_static(cls, name) is not inspect.getattr_static(EnvBase, name) for name in _ENVBASE_STEP):
+        return False
+    return inspect.getattr_static(cls, "_post_step_mdp_hooks", None) is None
+
+
+def _positions(keys: list, shapes: list, among: list, among_shapes: list) -> list[int] | None:
+    """Where each of ``keys`` is in ``among``, when all are there with the same shape and dtype (``shapes``: see
+    :func:`expected_entries`); else None."""
+    found = {key: (index, shape[1:3]) for index, (key, shape) in enumerate(zip(among, among_shapes))}
+    positions = []
+    for key, shape in zip(keys, shapes):
+        index, form = found.get(key, (None, None))
+        if index is None or form != shape[1:3]:
+            return None
+        positions.append(index)
+    return positions
+
+
+def _as_specs_say(values: list, shapes: list) -> bool:
+    """Whether every output is there (no None) with the shape its spec declares (``shapes``: see
+    :func:`expected_entries`)."""
+    return all(value is not None and value.shape == expected
+               for value, (_, expected, _, _) in zip(values, shapes))
 
 
 def check_entries(td: TensorDictBase, shapes: list, env_index: int, call: str) -> None:
