@@ -133,10 +133,12 @@ class BatchedEnv(Forwarding, EnvBase):
         self._pending_reset = np.zeros(self._num_elements, dtype=bool)
         self._bind_copiers()
         self._next_batch = self._next.batch_size
-        replaced = [*self.action_keys, *self.reward_keys, *self._root.keys(True, True)]  # not carried to the next root
+        # the input's entries the next root does not carry (the step's replace them; the actions stay, as TorchRL's
+        # step_mdp keeps them)
+        replaced = [*self.reward_keys, *self._root.keys(True, True)]
         # with only top-level keys, step and step_and_maybe_reset build their outputs without TensorDict's generic path
-        self._flat_keys = (all(isinstance(key, str) for key in replaced) and not self._non_tensor_keys
-                           and self._copy_next_leaves is not None)
+        self._flat_keys = (all(isinstance(key, str) for key in [*self.action_keys, *replaced])
+                           and not self._non_tensor_keys and self._copy_next_leaves is not None)
         self._not_carried_to_next_root = {"next", "_step", *replaced}
         self._common_actions = [(key, buffer, buffer.shape, self._value_checks[key])  # see _common_step
                                 for key, buffer, _ in self._action_slots] if self._flat_keys else None
@@ -340,7 +342,7 @@ class BatchedEnv(Forwarding, EnvBase):
         self._pending_reset[:] = False
         out = self._next_output(tensordict, mask)
         tensordict.set("next", out)
-        next_root = tensordict.exclude("next", "_step", *self.action_keys, *self.reward_keys)
+        next_root = tensordict.exclude("next", "_step", *self.reward_keys)
         if any(isinstance(value, TensorDictBase) for value in next_root.values()):
             # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
             # nested entries leaves the step just returned intact (leaves stay shared)

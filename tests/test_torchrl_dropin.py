@@ -170,6 +170,32 @@ def test_close_runs_in_the_worker(tmp_path, no_leaks):
 
 
 # ----------------------------------------------------------------- stepping
+@pytest.mark.parametrize("make", [TorchCountingEnv, functools.partial(TorchCountingEnv, nested_done=True)],
+                         ids=["flat keys", "nested done"])
+@pytest.mark.parametrize("ours", [SerialEnv, ParallelEnv])
+def test_the_next_root_is_torchrls_actions_included(ours, make):
+    """``step_and_maybe_reset``'s next root holds what TorchRL's does: the step's observations and done flags, and
+    the input's other entries, its actions too (TorchRL's step_mdp keeps them), never the reward."""
+    def next_root(env) -> TensorDict:
+        env.set_seed(0)
+        td = env.reset()
+        td["action"] = torch.ones_like(td.get("action", env.action_spec.zero()))
+        td["policy_output"] = torch.arange(float(env.batch_size[0]))
+        return env.step_and_maybe_reset(td)[1]
+
+    torchrl_env = TorchRLSerialEnv(2, make)
+    try:
+        expected = next_root(torchrl_env)
+    finally:
+        torchrl_env.close()
+    with ours(2, make) as env:
+        got = next_root(env)
+    assert set(got.keys(True, True)) == set(expected.keys(True, True))
+    assert "action" in got.keys() and "reward" not in got.keys()
+    for key in expected.keys(True, True):
+        assert torch.equal(got[key], expected[key]), key
+
+
 def test_step_before_reset(no_leaks):
     with ParallelEnv(2, TorchCountingEnv) as env:
         out = env.step(TensorDict(action_of(env, 1), env.batch_size))
