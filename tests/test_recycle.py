@@ -14,7 +14,7 @@ from tdcollect.collectors import Collector, MultiSyncCollector
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.engine.protocol import OUTPUT_SLOTS
 from tdcollect.envs.engine.recycle import OutputSlots, Recycler
-from tdcollect.envs.inputs import leaf_copier
+from tdcollect.envs.inputs import copier, leaf_copier
 
 from .helpers import FrameCountingEnv, FrameCrashOnceEnv, compare_when_told
 
@@ -362,6 +362,33 @@ def test_leaf_copies_are_new_tensors_with_the_values_shapes_dtypes_and_order(dty
     for key, leaf in copies.items():
         assert leaf.dtype == expected[key].dtype and leaf.shape == expected[key].shape
         assert torch.equal(leaf, expected[key]), key
+    assert recycler.kept_bytes > 0  # the big leaf came from recycled memory
+
+
+def test_nested_copies_are_new_tensordicts_of_new_tensors_built_as_clone_builds_them():
+    """Outputs with nested plain TensorDicts (one per agent group) are copied level by level: the same keys in the
+    same order, batch sizes and device as ``clone()`` gives, fresh leaves (big ones recycled) that keep their values
+    when the source is written afterwards."""
+    source = TensorDict({"done": torch.zeros(4, 1, dtype=torch.bool),
+                         "agents": TensorDict({"observation": torch.arange(4 * 3 * 5.0).reshape(4, 3, 5),
+                                               "frames": torch.ones(4, 3, 30_000),
+                                               "inner": TensorDict({"flag": torch.ones(4, 3, dtype=torch.bool)},
+                                                                   [4, 3])}, [4, 3]),
+                         "reward": torch.ones(4, 1)}, [4])
+    recycler = Recycler()
+    copy = copier(source, recycler)
+    assert copy != source.clone  # (not the generic clone)
+    expected = source.clone()
+    got = copy()
+    source.apply_(lambda leaf: leaf.zero_())
+    assert list(got.keys(True)) == list(expected.keys(True))
+    for key, value in expected.items(True):
+        mine = got.get(key)
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(mine, value) and mine.dtype == value.dtype, key
+        else:
+            assert type(mine) is TensorDict and mine.batch_size == value.batch_size and mine.device == value.device
+    assert got.batch_size == expected.batch_size and not got.is_locked
     assert recycler.kept_bytes > 0  # the big leaf came from recycled memory
 
 
