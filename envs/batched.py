@@ -319,7 +319,8 @@ class BatchedEnv(Forwarding, EnvBase):
 
         Returns ``(tensordict, next_root)``: ``tensordict`` with a ``"next"`` entry (observation, reward,
         done flags: the terminal observation where an env ended) and the root for the next action (the
-        reset observation where an env ended, with the input's other keys carried over).
+        reset observation where an env ended, with the input's other keys, its actions among them, carried over,
+        as TorchRL's ``step_mdp`` carries them).
         """
         if self._common_step(tensordict, keep_resets=False):  # built without TensorDict's generic paths
             leaves = self._copy_next_leaves()  # (None or the CPU)
