@@ -90,14 +90,17 @@ def same(a, b) -> bool:
     return a.dtype == b.dtype and torch.equal(a, b)
 
 
-def roads_and_rollout(make, lean: bool | None = None) -> tuple[list, list]:
+def roads_and_rollout(make, lean: bool | None = None, root_from_outputs: bool = True) -> tuple[list, list]:
     """Our ``SerialEnv`` of 3 envs of ``make``: whether each takes the lean step, and :func:`rollout`; ``lean=False``
-    sends every env through its own ``step_and_maybe_reset``."""
+    sends every env through its own ``step_and_maybe_reset``; ``root_from_outputs=False`` has the lean step read the
+    next root's entries from ``step_mdp``'s root instead of the step's outputs."""
     env = SerialEnv(3, make)
     try:
-        if lean is False:
-            for stepper in env._group.steppers:
+        for stepper in env._group.steppers:
+            if lean is False:
                 stepper._lean = False
+            if not root_from_outputs:
+                stepper._root_in_next = None
         return [stepper._lean for stepper in env._group.steppers], rollout(env)
     finally:
         env.close()
@@ -109,6 +112,7 @@ def test_the_lean_step_gives_the_envs_own_step_and_maybe_reset_data(name):
     _, expected = roads_and_rollout(ENVS[name], lean=False)
     assert roads == [name in ("complete", "nested done", "loose outputs")] * 3
     assert same(got, expected)
+    assert same(roads_and_rollout(ENVS[name], root_from_outputs=False)[1], expected)
     flags = [stepped["next"]["agents"] if name == "nested done" else stepped["next"] for stepped, _ in got]
     assert any(step["done"].any() for step in flags)  # (episodes ended: resets were taken)
     if name == "loose outputs":  # (EnvBase completed the outputs: a reward [1], "terminated" from "done")

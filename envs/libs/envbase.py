@@ -96,7 +96,8 @@ class TorchRLStepper:
                       and self._root_leaves is not None and len(done_indices) == len(done_keys))
         if self._lean:
             self._done_flags = [self._next_leaves[index].numpy() for index in done_indices]
-            self._root_in_next = _positions(self._root_keys, self._root_shapes, self._next_keys, self._next_shapes)
+            self._root_in_next = (_positions(self._root_keys, self._root_shapes, self._next_keys, self._next_shapes)
+                                  if _moved_by_step_mdp(self.env, self._root_keys) else None)
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the env now (TorchRL's ``set_seed``); returns the seed for the next env."""
@@ -247,6 +248,14 @@ def _positions(keys: list, shapes: list, among: list, among_shapes: list) -> lis
             return None
         positions.append(index)
     return positions
+
+
+def _moved_by_step_mdp(env: EnvBase, keys: list) -> bool:
+    """Whether TorchRL's ``step_mdp`` takes every one of ``keys`` from the step's outputs (the observation and done
+    entries it copies as they are), so that the next root holds the step's values there."""
+    moved = [*getattr(env, "_observation_keys_step_mdp", ()), *getattr(env, "_done_keys_step_mdp", ())]
+    moved = {key_tuple(key) for key in moved}
+    return all(key_tuple(key) in moved for key in keys)
 
 
 def _as_specs_say(values: list, shapes: list) -> bool:
