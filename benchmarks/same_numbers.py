@@ -101,14 +101,17 @@ def main(argv=None) -> int:
             reference = {label: first["shipped, 1 env" if "1 env" in label else "shipped, 4 envs"]
                          for label in outcomes}
             prefetched = rounds_of(PREFETCH_KINDS, args.prefetch_rounds, Path(tmp) / "prefetch")
-            prefetch_reference = {label: prefetched["shipped, prefetch=3"][0] for label in prefetched}
     finally:
         for hog in hogs:
             hog.kill()
     main_table = [*table(outcomes, reference), ""] if outcomes else []
+    prefetch_table = []
+    if args.prefetch_rounds:
+        prefetch_reference = {label: prefetched["shipped, prefetch=3"][0] for label in prefetched}
+        prefetch_table = ["With the replay buffer's prefetch=3, 50 updates per batch, 2,400 frames:", "",
+                          *table(prefetched, prefetch_reference)]
     lines = [f"{args.hogs} CPU hogs beside every run; {time.monotonic() - began:.0f} s in all.", "", *main_table,
-             "With the replay buffer's prefetch=3, 50 updates per batch, 2,400 frames:", "",
-             *table(prefetched, prefetch_reference)]
+             *prefetch_table]
     print_and_save(lines, args.md)
     return 0
 
