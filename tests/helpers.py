@@ -354,3 +354,13 @@ class PixelEpisodesEnv(gym.Env):
         reward = float(self.np_random.integers(-1, 2)) * (1 + int(action) % 2)
         terminated = bool(self.np_random.random() < 0.125)
         return self._frame(), reward, terminated, self.count >= 20, {}
+
+
+def same(a, b) -> bool:
+    """Whether ``a`` and ``b`` (nested lists, tuples and dicts of tensors, e.g. ``to_dict()`` of steps) hold the same
+    keys, lengths, dtypes and values."""
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+    return a.dtype == b.dtype and torch.equal(a, b)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tdcollect.envs import ParallelEnv
-from tests.helpers import PixelEpisodesEnv
+from tests.helpers import PixelEpisodesEnv, same
 
 STEPS = 40
 
@@ -47,14 +47,6 @@ def seeded_steps(spin_s: float, min_bytes: int | None, hold: bool) -> list[dict]
         return out
     finally:
         env.close()
-
-
-def same(a, b) -> bool:
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a.dtype == b.dtype and torch.equal(a, b)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from torchrl.envs import EnvBase, StepCounter, TransformedEnv
 from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
 from tdcollect.envs import SerialEnv
+from tests.helpers import same
 from tests.torchrl_envs import TorchCountingEnv
 
 STEPS = 23
@@ -80,14 +81,6 @@ def rollout(env) -> list:
         stepped, td = env.step_and_maybe_reset(td)
         out.append((stepped.clone().to_dict(), td.clone().to_dict()))
     return out
-
-
-def same(a, b) -> bool:
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
-    return a.dtype == b.dtype and torch.equal(a, b)
 
 
 def roads_and_rollout(make, lean: bool | None = None, root_from_outputs: bool = True) -> tuple[list, list]:
