@@ -89,9 +89,8 @@ class TorchRLStepper:
         #: whether the env is stepped through :meth:`_step_lean` (its class keeps EnvBase's step, every output has
         #: one leaf); then the done flags of its next row (numpy views), the "_reset" entries maybe_reset looks at,
         #: and where each root entry is among the step's outputs (None: a root entry that is not one)
-        self._next_tuples = [key_tuple(key) for key in self._next_keys]
-        done_indices = [index for index, key in enumerate(self._next_tuples) if key in done_keys]
-        self._reset_tuples = [key_tuple(key) for key in self.env.reset_keys]
+        done_indices = [index for index, key in enumerate(self._next_keys) if key_tuple(key) in done_keys]
+        self._reset_keys = list(self.env.reset_keys)
         self._lean = (keeps_envbase_step(self.env) and self._next_leaves is not None
                       and self._root_leaves is not None and len(done_indices) == len(done_keys))
         if self._lean:
@@ -175,29 +174,29 @@ class TorchRLStepper:
         env = self.env
         env._assert_tensordict_shape(state)
         stepped_next = env._step(state)
-        values = entries_at(stepped_next, self._next_tuples)
+        values = entries_at(stepped_next, self._next_keys)
         if env.run_type_checks or not _as_specs_say(values, self._next_shapes):
             stepped_next = env._step_proc_data(stepped_next)
-            values = entries_at(stepped_next, self._next_tuples)
+            values = entries_at(stepped_next, self._next_keys)
         self._copy(values, stepped_next, self._next, self._next_keys, self._next_shapes, self._next_leaves, "step()")
         state.set("next", stepped_next)
         following = env._step_mdp(state)
-        if (any(flags.any() for flags in self._done_flags)
-                or any(value is not None for value in entries_at(following, self._reset_tuples))):
+        resets = (any(flags.any() for flags in self._done_flags)
+                  or any(value is not None for value in entries_at(following, self._reset_keys)))
+        if resets:
             following = env.maybe_reset(following)
+        if resets or self._root_in_next is None:
             self._take(following, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
-        elif self._root_in_next is not None:
+        else:
             with torch.no_grad():
                 torch._foreach_copy_(self._root_leaves, [values[index] for index in self._root_in_next])
-        else:
-            self._take(following, self._root, self._root_keys, self._root_shapes, self._root_leaves, "reset()")
         self._state = following
         self._keep_objects(stepped_next)
 
     def _take(self, td: TensorDictBase, buffers: TensorDictBase, keys: list, shapes: list, leaves: list | None,
               call: str) -> None:
         """:meth:`_copy` of ``td``'s entries ``keys``."""
-        self._copy(entries_at(td, [key_tuple(key) for key in keys]), td, buffers, keys, shapes, leaves, call)
+        self._copy(entries_at(td, keys), td, buffers, keys, shapes, leaves, call)
 
     def _copy(self, values: list, td: TensorDictBase, buffers: TensorDictBase, keys: list, shapes: list,
               leaves: list | None, call: str) -> None:
