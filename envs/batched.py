@@ -42,6 +42,7 @@ from .inputs import (
     leaf_copier,
     plain_tensordict,
     reset_mask,
+    root_merger,
     step_mask,
     value_checker,
 )
@@ -143,7 +144,12 @@ class BatchedEnv(Forwarding, EnvBase):
         self._common_actions = [(key, buffer, buffer.shape, self._value_checks[key])  # see _common_step
                                 for key, buffer, _ in self._action_slots] if self._flat_keys else None
         # after a step where no env ended, the root's entries are the next step's: shared, as TorchRL's step_mdp does
-        self._root_from_next = self._flat_keys and set(self._root.keys()) <= set(self._next.keys())
+        self._root_keys = list(self._root.keys(True, True))
+        self._root_from_next = (not self._non_tensor_keys
+                                and set(self._root_keys) <= set(self._next.keys(True, True)))
+        # the generic step's next root, built level by level (None: TensorDict's exclude, clone and update build it)
+        self._merge_root = None if self._non_tensor_keys else root_merger(
+            self._root_keys, ["next", "_step", *self.reward_keys])
         self._next_only = [key for key in self._next.keys() if key not in self._root.keys()]  # (e.g. the reward)
         self._touched_since_start = False  # reset, stepped or seeded since this start (see update_kwargs)
         self.is_closed = False
@@ -343,15 +349,20 @@ class BatchedEnv(Forwarding, EnvBase):
         self._pending_reset[:] = False
         out = self._next_output(tensordict, mask)
         tensordict.set("next", out)
-        next_root = tensordict.exclude("next", "_step", *self.reward_keys)
-        if any(isinstance(value, TensorDictBase) for value in next_root.values()):
-            # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
-            # nested entries leaves the step just returned intact (leaves stay shared)
-            next_root = next_root.clone(recurse=False)
         if self._root_from_next and mask is None and not np.count_nonzero(self._next_done):
-            next_root.update(out.select(*self._root.keys()))  # the step's tensors, shared (as in the common path)
+            root = out  # the step's tensors, shared (as in the common path)
         else:
-            next_root.update(self._objects.added_to(self._copy_root(), "root"))
+            root = self._objects.added_to(self._copy_root(), "root")
+        next_root = None
+        if self._merge_root is not None and self._cast is None and getattr(tensordict.device, "type", "cpu") == "cpu":
+            next_root = self._merge_root(tensordict, root)
+        if next_root is None:
+            next_root = tensordict.exclude("next", "_step", *self.reward_keys)
+            if any(isinstance(value, TensorDictBase) for value in next_root.values()):
+                # exclude() shares nested tensordicts with its input; new ones, so that writing the next root's
+                # nested entries leaves the step just returned intact (leaves stay shared)
+                next_root = next_root.clone(recurse=False)
+            next_root.update(root if root is not out else out.select(*self._root_keys))
         return tensordict, next_root
 
     def _common_step(self, tensordict: TensorDictBase, keep_resets: bool) -> bool:

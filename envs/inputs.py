@@ -119,6 +119,81 @@ if TensorDict._new_unsafe({}, batch_size=torch.Size()).__dict__ != _PLAIN_STATE:
         return TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)
 
 
+def key_tree(keys) -> dict:
+    """Nested keys as a tree of dicts, in the keys' order: ``["done", ("agent", "reward")]`` ->
+    ``{"done": None, "agent": {"reward": None}}`` (None: a leaf)."""
+    tree = {}
+    for key in keys:
+        path = key if isinstance(key, tuple) else (key,)
+        level = tree
+        for name in path[:-1]:
+            level = level.setdefault(name, {})
+        level[path[-1]] = None
+    return tree
+
+
+def root_merger(root_keys: list, dropped_keys: list):
+    """``merge(tensordict, root) -> TensorDict | None``: the next root of a step as TensorDict's
+    ``tensordict.exclude(*dropped_keys)``, its nested tensordicts new (``clone(recurse=False)``), then
+    ``.update(root.select(*root_keys))`` build it, level by level without their generic paths: the input's entries
+    in their order, ``root``'s at ``root_keys`` (shared, not copied: the input's there replaced), ``dropped_keys``
+    left out, ``root``'s entries the input lacks appended (in ``root_keys``' order). None from ``merge`` when
+    ``tensordict`` or a nested entry is anything but a plain TensorDict (no dim names) of tensors and plain
+    TensorDicts, or holds a tensor where ``root`` has a tensordict: the caller takes TensorDict's own path. None
+    instead of the merger when a dropped key and a root key overlap (one is the other or holds it)."""
+    taken = [key if isinstance(key, tuple) else (key,) for key in root_keys]
+    dropped = [key if isinstance(key, tuple) else (key,) for key in dropped_keys]
+    if any(a[:len(b)] == b or b[:len(a)] == a for a in taken for b in dropped):
+        return None
+    return functools.partial(_merged_root, take=key_tree(taken), drop=key_tree(dropped))
+
+
+_ABSENT = object()
+
+
+def _merged_root(tensordict: TensorDictBase, root: TensorDictBase, take: dict, drop: dict) -> TensorDict | None:
+    """One level of :func:`root_merger`'s ``merge``."""
+    if type(tensordict) is not TensorDict or tensordict._td_dim_names is not None or type(root) is not TensorDict:
+        return None
+    entries = root._tensordict
+    out = {}
+    for key, value in tensordict._tensordict.items():
+        dropped = drop.get(key, _ABSENT)
+        if dropped is None:
+            continue
+        taken = take.get(key, _ABSENT)
+        if taken is None:
+            out[key] = entries[key]
+            continue
+        if type(value) is torch.Tensor:
+            if taken is not _ABSENT or dropped is not _ABSENT:  # (a tensor where keys below it are named)
+                return None
+            out[key] = value
+            continue
+        if taken is _ABSENT:  # a tensordict the root does not touch: a new one, the same leaves
+            nested = _merged_root(value, _EMPTY, {}, {} if dropped is _ABSENT else dropped)
+        else:
+            nested = _merged_root(value, entries[key], taken, {} if dropped is _ABSENT else dropped)
+        if nested is None:
+            return None
+        out[key] = nested
+    for key, taken in take.items():
+        if key not in out:
+            value = entries[key]
+            out[key] = value if taken is None else _selected(value, taken)
+    return plain_tensordict(out, tensordict.batch_size, tensordict.device)
+
+
+def _selected(td: TensorDict, take: dict) -> TensorDict:
+    """``td.select(*keys)`` for the keys of the tree ``take`` (all in ``td``), plain TensorDicts built directly."""
+    entries = td._tensordict
+    out = {key: entries[key] if taken is None else _selected(entries[key], taken) for key, taken in take.items()}
+    return plain_tensordict(out, td.batch_size, td.device)
+
+
+_EMPTY = TensorDict()
+
+
 def copier(td: TensorDictBase, recycler: Recycler, device: torch.device | None = None):
     """``copy() -> TensorDict``: a new TensorDict holding copies of ``td``'s leaves (the caller's own tensors, never
     views of the buffers; big ones in ``recycler``'s memory). With only top-level leaves it is built directly, at
