@@ -6,8 +6,10 @@ frames).
 
     python -m benchmarks.serial_vs_torchrl [--rounds 5] [--envs mpe cartpole pendulum] [--md out.md]
 
-Each round builds, times and closes TorchRL's env and then ours, in turn (interleaved rounds: the VM's speed moves);
-the table gives medians of frames per second and the ratio ours / TorchRL's.
+Each round builds both libraries' envs side by side and times them in alternating blocks (one block of each, then
+the other order: the VM's speed moves within seconds, and both see the same spells), then closes them, and the same
+for the collectors. The table gives medians over rounds of frames per second, their ratio ours / TorchRL's, and
+the median (and range) of the rounds' own ratios.
 """
 from __future__ import annotations
 
@@ -20,9 +22,13 @@ from pathlib import Path
 
 from .report import print_and_save
 
-LOOP_STEPS = 200
+#: each round, each library's env (and collector) alive side by side, timed in alternating blocks (ABBA...): the
+#: VM's speed moves within seconds, and a block of each library sees the same spell
+BLOCKS = 8
+BLOCK_STEPS = 50
+BLOCK_BATCHES = 1
 BATCH_FRAMES = 400
-BATCHES = 3
+IMPLS = ("torchrl", "ours")
 
 
 def mpe():
@@ -45,49 +51,79 @@ def makers() -> dict:
     return out
 
 
-def step_loop(env, steps: int = LOOP_STEPS) -> float:
-    """Frames per second of ``steps`` steps of random actions through ``step_and_maybe_reset``."""
-    td = env.reset()
-    for _ in range(10):  # (warm-up)
-        td = env.rand_action(td)
-        _, td = env.step_and_maybe_reset(td)
-    began = time.perf_counter()
-    for _ in range(steps):
-        td = env.rand_action(td)
-        _, td = env.step_and_maybe_reset(td)
-    return steps * env.batch_size.numel() / (time.perf_counter() - began)
+def alternating(runners: dict, frames_per_block: int, blocks: int = BLOCKS) -> dict:
+    """Frames per second of each of ``runners`` (name -> a function running one block), timed in ``blocks`` blocks
+    each, in alternating order (one block of each, then the other order, ...)."""
+    spent = dict.fromkeys(runners, 0.0)
+    for block in range(blocks):
+        order = list(runners) if block % 2 == 0 else list(reversed(runners))
+        for name in order:
+            began = time.perf_counter()
+            runners[name]()
+            spent[name] += time.perf_counter() - began
+    return {name: blocks * frames_per_block / seconds for name, seconds in spent.items()}
 
 
-def collector_batches(collector_class, env) -> float:
-    """Frames per second of ``BATCHES`` batches of a random-action collector over ``env`` (after a first one)."""
-    collector = collector_class(env, None, frames_per_batch=BATCH_FRAMES, total_frames=-1)
-    batches = iter(collector)
-    next(batches)
-    began = time.perf_counter()
-    for _ in range(BATCHES):
-        next(batches)
-    rate = BATCHES * BATCH_FRAMES / (time.perf_counter() - began)
-    collector.shutdown()
-    return rate
+class StepLoop:
+    """``rand_action`` then ``step_and_maybe_reset`` on ``env`` (as TorchRL's collector steps a batched env), from a
+    reset and 10 warm-up steps; each call runs ``BLOCK_STEPS`` steps."""
+
+    def __init__(self, env):
+        self.env = env
+        self.td = env.reset()
+        for _ in range(10):
+            self()
+
+    def __call__(self, steps: int = 1) -> None:
+        env = self.env
+        td = self.td
+        for _ in range(steps):
+            td = env.rand_action(td)
+            _, td = env.step_and_maybe_reset(td)
+        self.td = td
 
 
 def one_round(name: str, make, results: dict) -> None:
+    """One round of env ``name``: both libraries' step loops side by side, closed, then both ``Collector``s."""
     from torchrl.collectors import Collector as TorchRLCollector
     from torchrl.envs import SerialEnv as TorchRLSerialEnv
 
     from tdcollect.collectors import Collector
     from tdcollect.envs import SerialEnv
 
-    for impl, serial, collector in (("torchrl", TorchRLSerialEnv, TorchRLCollector), ("ours", SerialEnv, Collector)):
-        env = serial(4, make)
+    serials = {"torchrl": TorchRLSerialEnv, "ours": SerialEnv}
+    envs = {impl: serials[impl](4, make) for impl in IMPLS}
+    for env in envs.values():
         env.set_seed(0)
-        results[(name, "step loop", impl)].append(step_loop(env))
+    loops = {impl: StepLoop(env) for impl, env in envs.items()}
+    frames = BLOCK_STEPS * 4
+    rates = alternating({impl: functools.partial(loop, BLOCK_STEPS) for impl, loop in loops.items()}, frames)
+    for impl, rate in rates.items():
+        results[(name, "step loop", impl)].append(rate)
+    for env in envs.values():
         env.close()
-        env = serial(4, make)
+    collectors = {"torchrl": TorchRLCollector, "ours": Collector}
+    envs = {impl: serials[impl](4, make) for impl in IMPLS}
+    batches = {}
+    runners = {}
+    for impl, env in envs.items():
         env.set_seed(0)
-        results[(name, "Collector", impl)].append(collector_batches(collector, env))
+        collector = collectors[impl](env, None, frames_per_batch=BATCH_FRAMES, total_frames=-1)
+        batches[impl] = (collector, iter(collector))
+        next(batches[impl][1])  # (the first batch, untimed)
+        runners[impl] = functools.partial(_batches, batches[impl][1], BLOCK_BATCHES)
+    rates = alternating(runners, BLOCK_BATCHES * BATCH_FRAMES)
+    for impl, rate in rates.items():
+        results[(name, "Collector", impl)].append(rate)
+    for impl, env in envs.items():
+        batches[impl][0].shutdown()
         if not env.is_closed:
             env.close()
+
+
+def _batches(iterator, count: int) -> None:
+    for _ in range(count):
+        next(iterator)
 
 
 def main(argv=None) -> int:
@@ -104,14 +140,19 @@ def main(argv=None) -> int:
         for name in names:
             one_round(name, available[name], results)
         print(f"round {r + 1} done", flush=True)
-    lines = [f"SerialEnv of 4 envs, medians of {args.rounds} interleaved rounds (frames/s)", "",
-             "| env | road | TorchRL's SerialEnv | tdcollect's SerialEnv | ours / TorchRL's |",
-             "|---|---|---:|---:|---:|"]
+    lines = [f"SerialEnv of 4 envs, medians of {args.rounds} rounds (frames/s; each round both libraries side by "
+             f"side, {BLOCKS} alternating blocks each)", "",
+             "| env | road | TorchRL's SerialEnv | tdcollect's SerialEnv | ours / TorchRL's | paired ratio, median "
+             "(range) |",
+             "|---|---|---:|---:|---:|---:|"]
     for name in names:
         for road in ("step loop", "Collector"):
-            theirs = statistics.median(results[(name, road, "torchrl")])
-            ours = statistics.median(results[(name, road, "ours")])
-            lines.append(f"| {name} | {road} | {theirs:,.0f} | {ours:,.0f} | {ours / theirs:.2f} |")
+            theirs = results[(name, road, "torchrl")]
+            ours = results[(name, road, "ours")]
+            paired = sorted(a / b for a, b in zip(ours, theirs))
+            lines.append(f"| {name} | {road} | {statistics.median(theirs):,.0f} | {statistics.median(ours):,.0f} | "
+                         f"{statistics.median(ours) / statistics.median(theirs):.2f} | "
+                         f"{statistics.median(paired):.2f} ({paired[0]:.2f}–{paired[-1]:.2f}) |")
     print_and_save(lines, args.md)
     return 0
 
