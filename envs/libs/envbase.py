@@ -18,6 +18,7 @@ from torchrl.envs import Compose, EnvBase, Transform, TransformedEnv
 from ..engine.shared import BufferViews, EnvSpecs, entries_at, key_tuple
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue, Guard, broadcast_error, value_error
+from .recorded_step_mdp import RecordedStepMdp
 
 
 def specs_of(env: EnvBase) -> EnvSpecs:
@@ -97,6 +98,7 @@ class TorchRLStepper:
             self._done_flags = [self._next_leaves[index].numpy() for index in done_indices]
             self._root_in_next = (_positions(self._root_keys, self._root_shapes, self._next_keys, self._next_shapes)
                                   if _moved_by_step_mdp(self.env, self._root_keys) else None)
+            self._step_mdp = RecordedStepMdp(self.env)  # (TorchRL's step_mdp, replayed where it can be)
 
     def set_seed(self, seed: int | None, static_seed: bool = False) -> int | None:
         """Seed the env now (TorchRL's ``set_seed``); returns the seed for the next env."""
@@ -170,7 +172,8 @@ class TorchRLStepper:
         missing or of another shape, or type checks are on; ``maybe_reset`` only when a done flag is set or the
         next root holds a ``"_reset"`` entry (``any_done`` is otherwise False and leaves the root as it was). Where
         no env was reset, the next root's entries are the step's (``step_mdp`` moves them): they are copied from
-        the step's outputs, checked once."""
+        the step's outputs, checked once. TorchRL's ``step_mdp`` is replayed from a recording of its own output
+        (:class:`.recorded_step_mdp.RecordedStepMdp`)."""
         env = self.env
         env._assert_tensordict_shape(state)
         stepped_next = env._step(state)
@@ -180,7 +183,7 @@ class TorchRLStepper:
             values = entries_at(stepped_next, self._next_keys)
         self._copy(values, stepped_next, self._next, self._next_keys, self._next_shapes, self._next_leaves, "step()")
         state.set("next", stepped_next)
-        following = env._step_mdp(state)
+        following = self._step_mdp(state)
         resets = (any(flags.any() for flags in self._done_flags)
                   or any(value is not None for value in entries_at(following, self._reset_keys)))
         if resets:
