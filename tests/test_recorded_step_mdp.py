@@ -159,3 +159,23 @@ def test_a_serial_env_steps_as_before_with_the_recording_off(monkeypatch):
     replayed = rollout()
     monkeypatch.setattr(RecordedStepMdp, "__call__", lambda self, state: self.env._step_mdp(state))
     assert (rollout() == replayed).all()
+
+
+class EchoEnv(TorchCountingEnv):
+    """Hands back its input's observation tensor as the next one in its first three steps, new ones after."""
+
+    def _step(self, tensordict):
+        out = super()._step(tensordict)
+        if int(self.count.sum()) <= 3:
+            out["observation"] = tensordict["observation"]
+        return out
+
+
+def test_a_tensor_in_both_inputs_is_never_recorded():
+    """Where the env hands back a tensor of its input, the recording cannot tell whether TorchRL took it from the
+    state or from ``"next"``: nothing is recorded, and every step is TorchRL's."""
+    env = EchoEnv(max_steps=50)
+    recorded = RecordedStepMdp(env)
+    for state in steps_of(env, steps=12):
+        got = recorded(state)
+        check_same(got, env._step_mdp(state), state)

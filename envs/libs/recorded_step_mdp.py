@@ -68,7 +68,8 @@ def _plain(td) -> bool:
 def _recorded(out, state, next_td):
     """The layout of one level of ``out``: ``(state keys, next keys, entries, batch size, device)`` with
     ``entries`` ``[(key, "root" | "next" | nested layout)]``; None where ``out`` is built otherwise than from
-    ``state``'s and ``next_td``'s tensors at the same keys, or a level is not a plain TensorDict."""
+    ``state``'s and ``next_td``'s tensors at the same keys, a tensor is in both (no telling where TorchRL took it
+    from), or a level is not a plain TensorDict."""
     if not _plain(out) or (state is not None and not _plain(state)) or (next_td is not None and not _plain(next_td)):
         return None
     entries = []
@@ -76,6 +77,8 @@ def _recorded(out, state, next_td):
         in_state = None if state is None else state._tensordict.get(key)
         in_next = None if next_td is None else next_td._tensordict.get(key)
         if type(value) is torch.Tensor:
+            if value is in_state and value is in_next:  # (the env hands back a tensor of its input: which one?)
+                return None
             if value is in_state:
                 entries.append((key, "root"))
             elif value is in_next:
