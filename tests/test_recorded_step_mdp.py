@@ -1,7 +1,7 @@
-"""TorchRL's ``step_mdp`` replayed from a recording (``envs/libs/recorded_step_mdp.py``): at every step of seeded
-rollouts, what it returns must be what the env's own ``_step_mdp`` returns (the same keys in the same order at every
-level, the very same tensors, new tensordicts, batch sizes and devices), replayed where the layout was seen, and
-TorchRL's own call wherever the input differs (another key, a non-tensor entry, new specs)."""
+"""TorchRL's ``step_mdp`` replayed from a recording (``RecordedStepMdp`` in ``envs/libs/envbase.py``): at every step
+of seeded rollouts, what it returns must be what the env's own ``_step_mdp`` returns (the same keys in the same order
+at every level, the very same tensors, new tensordicts, batch sizes and devices), replayed where the layout was
+seen, and TorchRL's own call wherever the input differs (another key, a non-tensor entry, new specs)."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +12,7 @@ from tensordict import NonTensorData, TensorDict
 from torchrl.data import Unbounded
 
 from tdcollect.envs import SerialEnv
-from tdcollect.envs.libs.recorded_step_mdp import RecordedStepMdp
+from tdcollect.envs.libs.envbase import RecordedStepMdp
 from tests.test_next_root import GroupEnv
 from tests.torchrl_envs import TorchCountingEnv
 

@@ -10,7 +10,8 @@ envs; every leaf's first dimension is the env index)::
 
 A worker binds to its slice ``buffers[start:stop]``; all views share storage with the main process' tensors,
 so nothing is pickled per step. Also here: the bookkeeping of the shared segments' handles offered to workers
-(``unfetched_fds``) and of the segments a dead worker left half made (``reap``).
+(``unfetched_fds``) and of the segments a dead worker left half made (``reap``); reading nested entries of step
+data (``entries_at``) and building plain TensorDicts around given entries (``plain_tensordict``).
 """
 from __future__ import annotations
 
@@ -339,6 +340,25 @@ class BufferViews:
         self.root_np = numpy_tree(self.root)
         self.next_np = numpy_tree(self.next)
         self.action_np = numpy_tree(self.action)
+
+
+#: A TensorDict's whole state, as ``TensorDict._new_unsafe`` leaves it without device, names or lock
+_PLAIN_STATE = {"_device": None, "_tensordict": {}, "_batch_size": torch.Size(), "_td_dim_names": None}
+
+
+def plain_tensordict(leaves: dict, batch_size: torch.Size, device: torch.device | None = None) -> TensorDict:
+    """``TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)`` (entries already on ``device``, no
+    names nor lock) with ``leaves`` as its entries (not copied), in 0.6 µs against 3 µs: its state set at once. A
+    tensordict version whose state differs is detected at import and gets ``_new_unsafe``."""
+    td = _new_object(TensorDict)
+    td.__dict__.update(_device=device, _tensordict=leaves, _batch_size=batch_size, _td_dim_names=None)
+    return td
+
+
+_new_object = object.__new__
+if TensorDict._new_unsafe({}, batch_size=torch.Size()).__dict__ != _PLAIN_STATE:  # another tensordict layout
+    def plain_tensordict(leaves: dict, batch_size: torch.Size, device: torch.device | None = None) -> TensorDict:  # noqa: F811
+        return TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)
 
 
 def key_tuple(key) -> tuple:
