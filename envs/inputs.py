@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 
 from .engine.recycle import Recycler, numpy_of
-from .engine.shared import plain_tensordict
+from .engine.shared import is_plain, key_tuple, plain_tensordict
 from .engine.user_warnings import warn_caller
 
 #: ``check_actions`` -> (the values checked, whether one outside the spec raises). ``"spec"``: every spec's
@@ -106,7 +106,7 @@ def key_tree(keys) -> dict:
     ``{"done": None, "agent": {"reward": None}}`` (None: a leaf)."""
     tree = {}
     for key in keys:
-        path = key if isinstance(key, tuple) else (key,)
+        path = key_tuple(key)
         level = tree
         for name in path[:-1]:
             level = level.setdefault(name, {})
@@ -123,8 +123,8 @@ def root_merger(root_keys: list, dropped_keys: list):
     ``tensordict`` or a nested entry is anything but a plain TensorDict (no dim names) of tensors and plain
     TensorDicts, or holds a tensor where ``root`` has a tensordict: the caller takes TensorDict's own path. None
     instead of the merger when a dropped key and a root key overlap (one is the other or holds it)."""
-    taken = [key if isinstance(key, tuple) else (key,) for key in root_keys]
-    dropped = [key if isinstance(key, tuple) else (key,) for key in dropped_keys]
+    taken = [key_tuple(key) for key in root_keys]
+    dropped = [key_tuple(key) for key in dropped_keys]
     if any(a[:len(b)] == b or b[:len(a)] == a for a in taken for b in dropped):
         return None
     return functools.partial(_merged_root, take=key_tree(taken), drop=key_tree(dropped))
@@ -135,7 +135,7 @@ _ABSENT = object()
 
 def _merged_root(tensordict: TensorDictBase, root: TensorDictBase, take: dict, drop: dict) -> TensorDict | None:
     """One level of :func:`root_merger`'s ``merge``."""
-    if type(tensordict) is not TensorDict or tensordict._td_dim_names is not None or type(root) is not TensorDict:
+    if not is_plain(tensordict) or type(root) is not TensorDict:
         return None
     entries = root._tensordict
     out = {}
@@ -195,7 +195,7 @@ def _tree_copier(td: TensorDictBase, recycler: Recycler):
     """:func:`copier`'s ``copy()`` for a plain TensorDict of tensors and plain TensorDicts (no dim names), each
     level built directly as ``clone()`` builds it (same keys in the same order, batch size and device); None for
     anything else."""
-    if type(td) is not TensorDict or td._td_dim_names is not None:
+    if not is_plain(td):
         return None
     tensors = []
     nested = []

@@ -11,7 +11,7 @@ envs; every leaf's first dimension is the env index)::
 A worker binds to its slice ``buffers[start:stop]``; all views share storage with the main process' tensors,
 so nothing is pickled per step. Also here: the bookkeeping of the shared segments' handles offered to workers
 (``unfetched_fds``) and of the segments a dead worker left half made (``reap``); reading nested entries of step
-data (``entries_at``) and building plain TensorDicts around given entries (``plain_tensordict``).
+data (``entries_at``) and building plain TensorDicts around given entries (``is_plain``, ``plain_tensordict``).
 """
 from __future__ import annotations
 
@@ -359,6 +359,12 @@ _new_object = object.__new__
 if TensorDict._new_unsafe({}, batch_size=torch.Size()).__dict__ != _PLAIN_STATE:  # another tensordict layout
     def plain_tensordict(leaves: dict, batch_size: torch.Size, device: torch.device | None = None) -> TensorDict:  # noqa: F811
         return TensorDict._new_unsafe(leaves, batch_size=batch_size, device=device)
+
+
+def is_plain(td) -> bool:
+    """Whether ``td`` is a plain TensorDict (not a subclass, a lazy stack or a non-tensor entry) without dim names:
+    one whose entries can be read and built directly (``_tensordict``, :func:`plain_tensordict`)."""
+    return type(td) is TensorDict and td._td_dim_names is None
 
 
 def key_tuple(key) -> tuple:

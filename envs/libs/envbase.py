@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs import Compose, EnvBase, Transform, TransformedEnv
 
-from ..engine.shared import BufferViews, EnvSpecs, entries_at, key_tuple, plain_tensordict
+from ..engine.shared import BufferViews, EnvSpecs, entries_at, is_plain, key_tuple, plain_tensordict
 from ..engine.stepper import ROAD_ATTRIBUTE, Family
 from ..engine.values import BadValue, Guard, broadcast_error, value_error
 
@@ -416,16 +416,12 @@ def _keys(td) -> tuple | None:
     return None if td is None else tuple(td._tensordict)
 
 
-def _plain(td) -> bool:
-    return type(td) is TensorDict and td._td_dim_names is None
-
-
 def _recorded(out, state, next_td):
     """The layout of one level of ``out``: ``(state keys, next keys, entries, batch size, device)`` with
     ``entries`` ``[(key, "root" | "next" | nested layout)]``; None where ``out`` is built otherwise than from
     ``state``'s and ``next_td``'s tensors at the same keys, a tensor is in both (no telling where TorchRL took it
     from), or a level is not a plain TensorDict."""
-    if not _plain(out) or (state is not None and not _plain(state)) or (next_td is not None and not _plain(next_td)):
+    if not all(is_plain(level) for level in (out, state, next_td) if level is not None):
         return None
     entries = []
     for key, value in out._tensordict.items():
@@ -455,11 +451,9 @@ def _replayed(layout, state, next_td) -> TensorDict | None:
     """One level built from ``layout``; None where ``state`` or ``next_td`` have other keys, another order, or
     anything but tensors where the layout takes them."""
     state_keys, next_keys, entries, batch_size, device = layout
-    if state_keys is not None and (type(state) is not TensorDict or state._td_dim_names is not None
-                                   or tuple(state._tensordict) != state_keys):
+    if state_keys is not None and (not is_plain(state) or tuple(state._tensordict) != state_keys):
         return None
-    if next_keys is not None and (type(next_td) is not TensorDict or next_td._td_dim_names is not None
-                                  or tuple(next_td._tensordict) != next_keys):
+    if next_keys is not None and (not is_plain(next_td) or tuple(next_td._tensordict) != next_keys):
         return None
     out = {}
     for key, source in entries:
