@@ -364,3 +364,19 @@ def same(a, b) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
     return a.dtype == b.dtype and torch.equal(a, b)
+
+
+def same_layout(got, expected, source) -> None:
+    """Assert that tensordict ``got`` is built as ``expected``: the same type, keys in the same order, batch size and
+    device at every level, the very same tensors as leaves, and every level a new object, none of ``source``'s at
+    the same key (writing ``got``'s nested entries leaves ``source`` intact)."""
+    assert type(got) is type(expected)
+    assert list(got.keys()) == list(expected.keys())
+    assert got.batch_size == expected.batch_size and got.device == expected.device
+    assert got is not source
+    for key, value in expected.items():
+        mine = got.get(key)
+        if isinstance(value, torch.Tensor):
+            assert mine is value, key
+        else:
+            same_layout(mine, value, None if source is None else source.get(key, None))

@@ -15,6 +15,7 @@ from torchrl.envs import ParallelEnv as TorchRLParallelEnv
 
 from tdcollect.envs import ParallelEnv, SerialEnv
 from tdcollect.envs.inputs import root_merger
+from tests.helpers import same_layout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,24 +46,6 @@ def step_input(n: int = 3) -> TensorDict:
     return td
 
 
-def leaves(td: TensorDict) -> list:
-    return [(key, td.get(key)) for key in td.keys(True, True)]
-
-
-def check_same(got: TensorDict, expected: TensorDict, input_td: TensorDict) -> None:
-    """Same keys in the same order at every level, the very same tensors, batch sizes, and nested tensordicts that
-    are new objects (writing the next root leaves the input's intact)."""
-    assert list(got.keys(True)) == list(expected.keys(True))
-    for (key, value), (_, wanted) in zip(leaves(got), leaves(expected)):
-        assert value is wanted, key
-    for key in got.keys(True):
-        value = got.get(key)
-        if isinstance(value, TensorDict):
-            assert value.batch_size == expected.get(key).batch_size, key
-            assert value is not input_td.get(key, None), key
-    assert got.batch_size == expected.batch_size and got.device == expected.device
-
-
 @pytest.mark.parametrize("case", ["whole input", "no group in the input", "root from the step", "device set"])
 def test_the_merger_builds_what_tensordicts_generic_path_builds(case):
     merge = root_merger(ROOT_KEYS, DROPPED)
@@ -75,7 +58,7 @@ def test_the_merger_builds_what_tensordicts_generic_path_builds(case):
     elif case == "device set":
         td = td.to("cpu")
     got = merge(td, root)
-    check_same(got, generic(td, root), td)
+    same_layout(got, generic(td, root), td)
 
 
 def test_the_merger_declines_what_it_does_not_build():

@@ -13,6 +13,7 @@ from torchrl.data import Unbounded
 
 from tdcollect.envs import SerialEnv
 from tdcollect.envs.libs.envbase import RecordedStepMdp
+from tests.helpers import same_layout
 from tests.test_next_root import GroupEnv
 from tests.torchrl_envs import TorchCountingEnv
 
@@ -23,21 +24,6 @@ ENVS = {
     "nested done": functools.partial(TorchCountingEnv, max_steps=3, nested_done=True),
     "agent group": GroupEnv,
 }
-
-
-def check_same(got: TensorDict, expected: TensorDict, state: TensorDict) -> None:
-    """Same keys in the same order at every level, the very same leaves, batch sizes and devices; new nested
-    tensordicts (none of the state's)."""
-    assert type(got) is type(expected)
-    assert list(got.keys()) == list(expected.keys())
-    assert got.batch_size == expected.batch_size and got.device == expected.device
-    assert got is not state
-    for key, value in expected.items():
-        mine = got.get(key)
-        if isinstance(value, torch.Tensor):
-            assert mine is value, key
-        else:
-            check_same(mine, value, state.get(key, None))
 
 
 class Counted(RecordedStepMdp):
@@ -80,7 +66,7 @@ def test_replays_are_torchrls_step_mdp(name):
     count = 0
     for state in steps_of(env):
         got = recorded(state)
-        check_same(got, env._step_mdp(state), state)
+        same_layout(got, env._step_mdp(state), state)
         count += 1
     # replayed from the second layout on: TorchRL's call at most at each first state of an episode and after it
     assert recorded.torchrl_calls < count / 2, (recorded.torchrl_calls, count)
@@ -95,10 +81,10 @@ def test_another_layout_goes_through_torchrls_call():
     calls = recorded.torchrl_calls
     extra = states[-1].clone(recurse=False)
     extra["agents", "policy_output"] = torch.zeros(2)  # a key the recorded layouts lack, inside the group
-    check_same(recorded(extra), env._step_mdp(extra), extra)
+    same_layout(recorded(extra), env._step_mdp(extra), extra)
     assert ("agents", "policy_output") in recorded(extra).keys(True, True)
     reordered = TensorDict({key: states[-1][key] for key in reversed(list(states[-1].keys()))}, [])
-    check_same(recorded(reordered), env._step_mdp(reordered), reordered)
+    same_layout(recorded(reordered), env._step_mdp(reordered), reordered)
     assert recorded.torchrl_calls >= calls + 2
 
 
@@ -116,7 +102,7 @@ def test_a_non_tensor_entry_is_never_replayed():
         if text:
             assert got["note"] == "text" and got.get("note") is not state.get("note")  # (TorchRL clones it)
         else:
-            check_same(got, expected, state)
+            same_layout(got, expected, state)
     fresh = RecordedStepMdp(env)
     for state in steps_of(env, steps=3):
         state["note"] = NonTensorData("text", batch_size=state.batch_size)
@@ -144,7 +130,7 @@ def test_new_specs_bring_new_rules():
     env.observation_spec = spec  # the specs change: TorchRL's step_mdp now takes "extra" from "next"
     state = with_extra(next(states))
     got = recorded(state)
-    check_same(got, env._step_mdp(state), state)
+    same_layout(got, env._step_mdp(state), state)
     assert got["extra"] is state["next", "extra"]
 
 
@@ -178,4 +164,4 @@ def test_a_tensor_in_both_inputs_is_never_recorded():
     recorded = RecordedStepMdp(env)
     for state in steps_of(env, steps=12):
         got = recorded(state)
-        check_same(got, env._step_mdp(state), state)
+        same_layout(got, env._step_mdp(state), state)
